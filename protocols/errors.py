@@ -1,0 +1,135 @@
+"""Catalogued error codes shared by server and client, and the exception hierarchy.
+
+A server-side failure is translated once, at the RPC boundary, into a gRPC status
+whose details start with the catalogued code (``"GEOFL-E104: ..."``); the client
+translates it back into the most specific :class:`GeoflError` subclass.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+import grpc
+
+
+class ErrorCode(enum.Enum):
+    """Every error a peer may see on the wire: (code, gRPC status, meaning)."""
+
+    PROTOCOL_VERSION = ("E100", grpc.StatusCode.FAILED_PRECONDITION, "no common protocol version")
+    UNKNOWN_NODE = ("E101", grpc.StatusCode.UNAUTHENTICATED, "unknown or expired node session")
+    UNKNOWN_TASK = ("E102", grpc.StatusCode.NOT_FOUND, "task is not assigned to this node")
+    TASK_EXPIRED = ("E103", grpc.StatusCode.DEADLINE_EXCEEDED, "the task's deadline has passed")
+    MALFORMED_MESSAGE = ("E104", grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
+    TENSOR_MISMATCH = ("E105", grpc.StatusCode.INVALID_ARGUMENT, "tensor names/shapes/dtypes differ")
+    NON_FINITE = ("E106", grpc.StatusCode.INVALID_ARGUMENT, "tensor holds NaN or Inf values")
+    CHECKSUM = ("E107", grpc.StatusCode.DATA_LOSS, "chunk checksum mismatch")
+    TOO_LARGE = ("E108", grpc.StatusCode.RESOURCE_EXHAUSTED, "message or model exceeds limits")
+    MODEL_UNAVAILABLE = ("E109", grpc.StatusCode.NOT_FOUND, "model version not available")
+    DUPLICATE_RESULT = ("E110", grpc.StatusCode.ALREADY_EXISTS, "result already submitted")
+    RUN_FINISHED = ("E111", grpc.StatusCode.FAILED_PRECONDITION, "the run is over")
+    INTERNAL = ("E199", grpc.StatusCode.INTERNAL, "internal server error")
+
+    def __init__(self, code: str, status: grpc.StatusCode, meaning: str) -> None:
+        self.code = code
+        self.status = status
+        self.meaning = meaning
+
+    @classmethod
+    def from_code(cls, code: str) -> ErrorCode | None:
+        """The member with catalogue code ``code``, or ``None``."""
+        return next((member for member in cls if member.code == code), None)
+
+
+class GeoflError(Exception):
+    """Base of every error geofl raises on purpose."""
+
+    error_code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code or self.error_code
+
+    def wire_details(self) -> str:
+        """The text carried in the gRPC status details."""
+        return f"GEOFL-{self.code.code}: {self}"
+
+
+class ProtocolError(GeoflError):
+    """A peer sent something that violates the wire protocol."""
+
+    error_code = ErrorCode.MALFORMED_MESSAGE
+
+
+class TensorError(ProtocolError):
+    """Tensors that do not match the model's specification."""
+
+    error_code = ErrorCode.TENSOR_MISMATCH
+
+
+class NonFiniteError(TensorError):
+    """A tensor carries NaN or Inf."""
+
+    error_code = ErrorCode.NON_FINITE
+
+
+class ChecksumError(ProtocolError):
+    """A chunk's data does not match its CRC-32."""
+
+    error_code = ErrorCode.CHECKSUM
+
+
+class SessionError(GeoflError):
+    """The node's session is unknown to the server (e.g. after a restart)."""
+
+    error_code = ErrorCode.UNKNOWN_NODE
+
+
+class TaskError(GeoflError):
+    """A result for a task that is not (or no longer) assigned to this node."""
+
+    error_code = ErrorCode.UNKNOWN_TASK
+
+
+class RunFinishedError(GeoflError):
+    """The run is over; no more tasks or results are accepted."""
+
+    error_code = ErrorCode.RUN_FINISHED
+
+
+_BY_CODE: dict[ErrorCode, type[GeoflError]] = {
+    ErrorCode.MALFORMED_MESSAGE: ProtocolError,
+    ErrorCode.TENSOR_MISMATCH: TensorError,
+    ErrorCode.NON_FINITE: NonFiniteError,
+    ErrorCode.CHECKSUM: ChecksumError,
+    ErrorCode.UNKNOWN_NODE: SessionError,
+    ErrorCode.UNKNOWN_TASK: TaskError,
+    ErrorCode.TASK_EXPIRED: TaskError,
+    ErrorCode.DUPLICATE_RESULT: TaskError,
+    ErrorCode.RUN_FINISHED: RunFinishedError,
+}
+
+
+def error_from_details(details: str | None) -> GeoflError | None:
+    """Rebuild the specific error from gRPC status details, if they carry a code."""
+    if not details or not details.startswith("GEOFL-"):
+        return None
+    code_text, _, message = details[len("GEOFL-") :].partition(": ")
+    code = ErrorCode.from_code(code_text)
+    if code is None:
+        return None
+    return _BY_CODE.get(code, GeoflError)(message, code=code)
+
+
+__all__ = [
+    "ChecksumError",
+    "ErrorCode",
+    "GeoflError",
+    "NonFiniteError",
+    "ProtocolError",
+    "RunFinishedError",
+    "SessionError",
+    "TaskError",
+    "TensorError",
+    "error_from_details",
+]

@@ -1,0 +1,82 @@
+"""Tensor specifications and dtype mapping (no wire types here).
+
+A model is described by an ordered tuple of :class:`TensorSpec`; every inbound
+tensor is checked against it before it touches an aggregate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from geofl.protocols.errors import TensorError
+from geofl.protocols.types import WeightsView
+
+#: Dtypes that travel on the wire, by numpy name.  bfloat16 is reserved in the
+#: schema for the compression codecs; numpy has no native bfloat16.
+SUPPORTED_DTYPES: tuple[str, ...] = (
+    "float32",
+    "float64",
+    "float16",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "bool",
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, dtype and shape of one tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the tensor's raw data in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+    def describe(self) -> str:
+        """``name: dtype[shape]`` for error messages."""
+        return f"{self.name}: {self.dtype}{list(self.shape)}"
+
+
+ModelSpec = tuple[TensorSpec, ...]
+
+
+def spec_of(weights: WeightsView) -> ModelSpec:
+    """The specification of ``weights``, in their order."""
+    specs = []
+    for name, array in weights.items():
+        dtype = np.dtype(array.dtype)
+        if dtype.name not in SUPPORTED_DTYPES:
+            raise TensorError(f"tensor {name!r} has unsupported dtype {dtype}")
+        specs.append(TensorSpec(name, dtype.name, tuple(int(d) for d in array.shape)))
+    return tuple(specs)
+
+
+def model_bytes(spec: Iterable[TensorSpec]) -> int:
+    """Total raw size of a model."""
+    return sum(t.nbytes for t in spec)
+
+
+def check_matches(spec: ModelSpec, weights: WeightsView) -> None:
+    """Raise :class:`TensorError` naming the first difference from ``spec``."""
+    names = [t.name for t in spec]
+    if list(weights) != names:
+        missing = sorted(set(names) - set(weights))
+        extra = sorted(set(weights) - set(names))
+        detail = f"missing {missing}, unexpected {extra}" if missing or extra else "order differs"
+        raise TensorError(f"tensor names do not match the model: {detail}")
+    for expected, actual in zip(spec, spec_of(weights), strict=True):
+        if expected != actual:
+            raise TensorError(f"expected {expected.describe()}, got {actual.describe()}")
+
+
+__all__ = ["SUPPORTED_DTYPES", "ModelSpec", "TensorSpec", "check_matches", "model_bytes", "spec_of"]

@@ -1,0 +1,254 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_FLOAT64: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+    DTYPE_INT8: _ClassVar[DType]
+    DTYPE_INT16: _ClassVar[DType]
+    DTYPE_INT32: _ClassVar[DType]
+    DTYPE_INT64: _ClassVar[DType]
+    DTYPE_UINT8: _ClassVar[DType]
+    DTYPE_BOOL: _ClassVar[DType]
+
+class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
+    TASK_KIND_WAIT: _ClassVar[TaskKind]
+    TASK_KIND_FIT: _ClassVar[TaskKind]
+    TASK_KIND_EVALUATE: _ClassVar[TaskKind]
+    TASK_KIND_SHUTDOWN: _ClassVar[TaskKind]
+
+class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
+    UPDATE_KIND_DELTA: _ClassVar[UpdateKind]
+    UPDATE_KIND_NONE: _ClassVar[UpdateKind]
+
+class ResultStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESULT_STATUS_UNSPECIFIED: _ClassVar[ResultStatus]
+    RESULT_STATUS_OK: _ClassVar[ResultStatus]
+    RESULT_STATUS_CLIENT_ERROR: _ClassVar[ResultStatus]
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_FLOAT64: DType
+DTYPE_FLOAT16: DType
+DTYPE_BFLOAT16: DType
+DTYPE_INT8: DType
+DTYPE_INT16: DType
+DTYPE_INT32: DType
+DTYPE_INT64: DType
+DTYPE_UINT8: DType
+DTYPE_BOOL: DType
+TASK_KIND_UNSPECIFIED: TaskKind
+TASK_KIND_WAIT: TaskKind
+TASK_KIND_FIT: TaskKind
+TASK_KIND_EVALUATE: TaskKind
+TASK_KIND_SHUTDOWN: TaskKind
+UPDATE_KIND_UNSPECIFIED: UpdateKind
+UPDATE_KIND_DELTA: UpdateKind
+UPDATE_KIND_NONE: UpdateKind
+RESULT_STATUS_UNSPECIFIED: ResultStatus
+RESULT_STATUS_OK: ResultStatus
+RESULT_STATUS_CLIENT_ERROR: ResultStatus
+
+class Scalar(_message.Message):
+    __slots__ = ("double", "int", "bool", "string", "bytes")
+    DOUBLE_FIELD_NUMBER: _ClassVar[int]
+    INT_FIELD_NUMBER: _ClassVar[int]
+    BOOL_FIELD_NUMBER: _ClassVar[int]
+    STRING_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    double: float
+    int: int
+    bool: bool
+    string: str
+    bytes: bytes
+    def __init__(self, double: _Optional[float] = ..., int: _Optional[int] = ..., bool: _Optional[bool] = ..., string: _Optional[str] = ..., bytes: _Optional[bytes] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("protocol_versions", "node_name", "region", "node_config", "client_version")
+    class NodeConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    PROTOCOL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    NODE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    protocol_versions: _containers.RepeatedScalarFieldContainer[int]
+    node_name: str
+    region: str
+    node_config: _containers.MessageMap[str, Scalar]
+    client_version: str
+    def __init__(self, protocol_versions: _Optional[_Iterable[int]] = ..., node_name: _Optional[str] = ..., region: _Optional[str] = ..., node_config: _Optional[_Mapping[str, Scalar]] = ..., client_version: _Optional[str] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("protocol_version", "node_id", "session_token", "heartbeat_interval_s", "run_name", "run_id", "run_config", "max_chunk_bytes")
+    class RunConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    RUN_NAME_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    node_id: int
+    session_token: str
+    heartbeat_interval_s: float
+    run_name: str
+    run_id: int
+    run_config: _containers.MessageMap[str, Scalar]
+    max_chunk_bytes: int
+    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[int] = ..., session_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., run_name: _Optional[str] = ..., run_id: _Optional[int] = ..., run_config: _Optional[_Mapping[str, Scalar]] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("heartbeat_interval_s",)
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    heartbeat_interval_s: float
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("poll_timeout_s",)
+    POLL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    poll_timeout_s: float
+    def __init__(self, poll_timeout_s: _Optional[float] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason")
+    class ConfigEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    kind: TaskKind
+    task_id: int
+    run_id: int
+    round: int
+    model_version: int
+    config: _containers.MessageMap[str, Scalar]
+    deadline_unix_s: float
+    num_tensors: int
+    model_bytes: int
+    reason: str
+    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("task_id", "model_version")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    model_version: int
+    def __init__(self, task_id: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "total_bytes", "offset", "data", "crc32", "first", "last")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    total_bytes: int
+    offset: int
+    data: bytes
+    crc32: int
+    first: bool
+    last: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class UploadHeader(_message.Message):
+    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_KIND_FIELD_NUMBER: _ClassVar[int]
+    NUM_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    round: int
+    attempt: int
+    status: ResultStatus
+    update_kind: UpdateKind
+    num_examples: int
+    metrics: _containers.MessageMap[str, Scalar]
+    loss: float
+    error: str
+    num_tensors: int
+    compute_s: float
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ...) -> None: ...
+
+class UploadMessage(_message.Message):
+    __slots__ = ("header", "chunk")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    header: UploadHeader
+    chunk: TensorChunk
+    def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class SubmitReply(_message.Message):
+    __slots__ = ("accepted", "error_code", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    error_code: str
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., error_code: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
