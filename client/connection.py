@@ -1,0 +1,161 @@
+"""The client's side of the wire: a channel, the stub, and error translation."""
+
+from __future__ import annotations
+
+import socket
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from geofl.protocols import serde
+from geofl.protocols.errors import GeoflError, error_from_details
+from geofl.protocols.types import Scalar, WeightsView
+from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+
+PROTOCOL_VERSIONS = (1,)
+SESSION_METADATA_KEY = "geofl-session"
+
+
+class ServerUnavailable(Exception):
+    """The server cannot be reached right now (retry with backoff)."""
+
+
+def default_node_name() -> str:
+    """``host-pid``: unique per process on a machine."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the server told us when we joined."""
+
+    node_id: int
+    token: str
+    heartbeat_interval_s: float
+    run_id: int
+    run_name: str
+    run_config: dict[str, Scalar]
+
+
+def translate(error: grpc.RpcError) -> Exception:
+    """The most specific exception for a failed call."""
+    code = error.code() if isinstance(error, grpc.Call) else None
+    details = error.details() if isinstance(error, grpc.Call) else None
+    specific = error_from_details(details)
+    if specific is not None:
+        return specific
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED):
+        return ServerUnavailable(f"{code.name if code else 'error'}: {details}")
+    return GeoflError(f"server error {code.name if code else '?'}: {details}")
+
+
+class Connection:
+    """A channel to the coordinator with typed calls."""
+
+    def __init__(self, address: str, root_certificates: Path | None = None) -> None:
+        options = [
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.max_receive_message_length", 8 << 20),
+        ]
+        if root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates.read_bytes())
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._token = ""
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((SESSION_METADATA_KEY, self._token),)
+
+    def join(
+        self, node_name: str, region: str | None, node_config: dict[str, Scalar], timeout: float
+    ) -> Session:
+        """Register with the server and negotiate the protocol version."""
+        request = pb.JoinRequest(
+            protocol_versions=PROTOCOL_VERSIONS, node_name=node_name, region=region or ""
+        )
+        serde.fill_scalar_map(request.node_config, node_config)
+        try:
+            reply: pb.JoinReply = self._stub.Join(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        self._token = reply.session_token
+        return Session(reply.node_id, reply.session_token, reply.heartbeat_interval_s,
+                       reply.run_id, reply.run_name, serde.scalar_map(reply.run_config))
+
+    def heartbeat(self, timeout: float) -> None:
+        """Tell the server we are alive."""
+        try:
+            self._stub.Heartbeat(pb.HeartbeatRequest(), metadata=self._metadata(),
+                                 timeout=timeout)
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+
+    def get_task(self, poll_timeout_s: float) -> pb.Task:
+        """Long-poll for the next task."""
+        try:
+            task: pb.Task = self._stub.GetTask(
+                pb.GetTaskRequest(poll_timeout_s=poll_timeout_s),
+                metadata=self._metadata(), timeout=poll_timeout_s + 10.0,
+            )
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        return task
+
+    def download(self, task: pb.Task, timeout: float | None) -> tuple[dict[str, object], int]:
+        """Stream the task's model version; returns the weights and the bytes received."""
+        sink = serde.ArraySink()
+        assembler = serde.Assembler(sink, max_total_bytes=max(task.model_bytes, 1))
+        received = 0
+        try:
+            for chunk in self._stub.Download(
+                pb.DownloadRequest(task_id=task.task_id, model_version=task.model_version),
+                metadata=self._metadata(), timeout=timeout,
+            ):
+                assembler.feed(chunk)
+                received += chunk.ByteSize()
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        assembler.finish()
+        return dict(sink.weights), received
+
+    def submit(
+        self, header: pb.UploadHeader, tensors: WeightsView | None, chunk_bytes: int,
+        timeout: float | None,
+    ) -> int:
+        """Stream a result; returns the bytes sent.  Raises if the server refuses it."""
+        sent = 0
+
+        def messages() -> Iterator[pb.UploadMessage]:
+            nonlocal sent
+            first = pb.UploadMessage(header=header)
+            sent += first.ByteSize()
+            yield first
+            for chunk in serde.iter_chunks(tensors or {}, chunk_bytes):
+                message = pb.UploadMessage(chunk=chunk)
+                sent += message.ByteSize()
+                yield message
+
+        try:
+            reply: pb.SubmitReply = self._stub.Submit(
+                messages(), metadata=self._metadata(), timeout=timeout
+            )
+        except grpc.RpcError as exc:
+            raise translate(exc) from exc
+        if not reply.accepted:
+            raise GeoflError(f"server refused the result: {reply.error_code} {reply.message}")
+        return sent
+
+
+__all__ = ["Connection", "ServerUnavailable", "Session", "default_node_name", "translate"]

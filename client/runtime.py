@@ -1,0 +1,228 @@
+"""The client runtime: join, heartbeat, pull tasks, train, upload, reconnect.
+
+Connections are always opened by the client.  When the server goes away (a
+restart, a network cut) the runtime retries with jittered exponential backoff
+and joins again; a server that restarted from its database gives the node its
+old id back, so the run carries on.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from geofl.client.app import Client, ClientContext
+from geofl.client.connection import Connection, ServerUnavailable, Session, default_node_name
+from geofl.protocols.errors import GeoflError, RunFinishedError, SessionError, TaskError
+from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, scalar_map
+from geofl.protocols.tensors import check_matches, spec_of
+from geofl.protocols.types import Scalar, Weights, WeightsView
+from geofl.protocols.v1 import geofl_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClientOptions:
+    """How to reach the server and behave while connected."""
+
+    server: str
+    node_name: str = field(default_factory=default_node_name)
+    region: str | None = None
+    node_config: dict[str, Scalar] = field(default_factory=dict)
+    root_certificates: Path | None = None
+    poll_timeout_s: float = 20.0
+    #: Give up when the server has been unreachable for this long.
+    reconnect_for_s: float = 300.0
+    backoff_base_s: float = 0.25
+    backoff_max_s: float = 5.0
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+
+class GaveUp(Exception):
+    """The server stayed unreachable for longer than ``reconnect_for_s``."""
+
+
+class Backoff:
+    """Full-jitter exponential backoff with a time budget."""
+
+    def __init__(self, base: float, cap: float, budget: float, rng: random.Random) -> None:
+        self._base, self._cap, self._budget, self._rng = base, cap, budget, rng
+        self.reset()
+
+    def reset(self) -> None:
+        self._attempt = 0
+        self._since: float | None = None
+
+    def wait(self, reason: str) -> None:
+        """Sleep before the next attempt, or raise :class:`GaveUp`."""
+        now = time.monotonic()
+        self._since = self._since or now
+        if now - self._since > self._budget:
+            raise GaveUp(f"server unreachable for {now - self._since:.0f} s: {reason}")
+        delay = self._rng.uniform(0, min(self._cap, self._base * 2**self._attempt))
+        self._attempt += 1
+        time.sleep(delay)
+
+
+class ClientRuntime:
+    """Drives one client app against one server until the run is over."""
+
+    def __init__(
+        self, options: ClientOptions, factory: Callable[[ClientContext], Client]
+    ) -> None:
+        self._opt = options
+        self._factory = factory
+        self._client: Client | None = None
+        self._context: ClientContext | None = None
+        self._cache: tuple[int, Weights] | None = None
+        self._conn = Connection(options.server, options.root_certificates)
+        self._stop = threading.Event()
+        self._rejoin = threading.Event()
+        self.session: Session | None = None
+        self.tasks_done = 0
+
+    def run(self) -> None:
+        """Serve tasks until SHUTDOWN; raise :class:`GaveUp` if the server never comes back."""
+        backoff = Backoff(self._opt.backoff_base_s, self._opt.backoff_max_s,
+                          self._opt.reconnect_for_s, random.Random())
+        beat = threading.Thread(target=self._heartbeats, daemon=True, name="geofl-heartbeat")
+        beat.start()
+        try:
+            while True:
+                try:
+                    self._join()
+                    backoff.reset()
+                    if self._serve():
+                        return
+                except ServerUnavailable as exc:
+                    log.info("server unavailable (%s); retrying", exc)
+                    backoff.wait(str(exc))
+                except SessionError:
+                    log.info("session expired; joining again")
+        finally:
+            self._stop.set()
+            self._conn.close()
+
+    def _join(self) -> None:
+        self.session = self._conn.join(
+            self._opt.node_name, self._opt.region, self._opt.node_config, timeout=10.0
+        )
+        self._rejoin.clear()
+        log.info("joined run %s as node %d", self.session.run_name, self.session.node_id)
+        if self._context is None:
+            self._context = ClientContext(
+                node_id=self.session.node_id, node_name=self._opt.node_name,
+                region=self._opt.region, node_config=dict(self._opt.node_config),
+                run_config=dict(self.session.run_config), state={},
+            )
+        self._context.node_id = self.session.node_id
+        if self._client is None:
+            self._client = self._factory(self._context)
+
+    def _serve(self) -> bool:
+        """Handle tasks; True when the run is over."""
+        while not self._rejoin.is_set():
+            task = self._conn.get_task(self._opt.poll_timeout_s)
+            if task.kind == pb.TASK_KIND_SHUTDOWN:
+                log.info("run over: %s", task.reason or "shutdown")
+                return True
+            if task.kind in (pb.TASK_KIND_FIT, pb.TASK_KIND_EVALUATE):
+                try:
+                    self._handle(task)
+                except (TaskError, RunFinishedError) as exc:
+                    log.warning("task %d not accepted: %s", task.task_id, exc)
+        return False
+
+    def _heartbeats(self) -> None:
+        while not self._stop.wait(self.session.heartbeat_interval_s if self.session else 1.0):
+            if self.session is None:
+                continue
+            try:
+                self._conn.heartbeat(timeout=5.0)
+            except SessionError:
+                self._rejoin.set()
+            except (ServerUnavailable, GeoflError):
+                pass
+
+    # ----------------------------------------------------------- tasks
+
+    def _model(self, task: pb.Task) -> Weights:
+        if self._cache is not None and self._cache[0] == task.model_version:
+            return self._cache[1]
+        weights, _ = self._conn.download(task, timeout=self._remaining(task))
+        self._cache = (task.model_version, weights)  # type: ignore[assignment]
+        return weights  # type: ignore[return-value]
+
+    def _remaining(self, task: pb.Task) -> float | None:
+        if not task.deadline_unix_s:
+            return None
+        return max(1.0, task.deadline_unix_s - time.time() + 5.0)
+
+    def _handle(self, task: pb.Task) -> None:
+        global_weights = self._model(task)
+        config = scalar_map(task.config)
+        header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
+        tensors: WeightsView | None = None
+        started = time.perf_counter()
+        try:
+            if task.kind == pb.TASK_KIND_FIT:
+                tensors = self._fit(global_weights, config, header)
+            else:
+                self._evaluate(global_weights, config, header)
+            header.status = pb.RESULT_STATUS_OK
+        except Exception as exc:  # the user's code failed: report it, keep serving
+            log.error("client app failed on task %d:\n%s", task.task_id, traceback.format_exc())
+            header.status = pb.RESULT_STATUS_CLIENT_ERROR
+            header.update_kind = pb.UPDATE_KIND_NONE
+            header.error = f"{type(exc).__name__}: {exc}"[:2000]
+            tensors = None
+        header.compute_s = time.perf_counter() - started
+        self._conn.submit(header, tensors, self._opt.chunk_bytes, self._remaining(task))
+        self.tasks_done += 1
+
+    def _fit(
+        self, global_weights: Weights, config: dict[str, Scalar], header: pb.UploadHeader
+    ) -> Weights:
+        if self._client is None:
+            raise RuntimeError("no client app")
+        params = {k: v.copy() for k, v in global_weights.items()}
+        new, num_examples, metrics = self._client.fit(params, config)
+        new = {k: np.asarray(v) for k, v in new.items()}
+        check_matches(spec_of(global_weights), new)
+        header.update_kind = pb.UPDATE_KIND_DELTA
+        header.num_examples = int(num_examples)
+        _fill_metrics(header, metrics)
+        return {name: np.subtract(new[name], base) for name, base in global_weights.items()}
+
+    def _evaluate(
+        self, global_weights: Weights, config: dict[str, Scalar], header: pb.UploadHeader
+    ) -> None:
+        if self._client is None:
+            raise RuntimeError("no client app")
+        params = {k: v.copy() for k, v in global_weights.items()}
+        loss, num_examples, metrics = self._client.evaluate(params, config)
+        header.update_kind = pb.UPDATE_KIND_NONE
+        header.num_examples = int(num_examples)
+        header.loss = float(loss)
+        _fill_metrics(header, metrics)
+
+
+def _fill_metrics(header: pb.UploadHeader, metrics: dict[str, Scalar]) -> None:
+    from geofl.protocols.serde import fill_scalar_map
+
+    fill_scalar_map(header.metrics, {str(k): v for k, v in metrics.items()})
+    loss = metrics.get("train_loss", metrics.get("loss"))
+    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+        header.loss = float(loss)
+
+
+__all__ = ["Backoff", "ClientOptions", "ClientRuntime", "GaveUp"]

@@ -1,0 +1,360 @@
+"""The synchronous round engine: an explicit state machine per round.
+
+    SELECT -> BROADCAST -> FIT -> AGGREGATE -> EVALUATE -> COMMIT
+       \\________\\__________\\________\\___________\\-> FAILED
+
+* SELECT waits (up to ``schedule.wait_for_clients_s``) for ``min_clients``
+  available nodes and samples the cohort (``clients_per_round * over_select``).
+* BROADCAST hands each selected node a fit task; the node pulls the model in
+  chunks.  The phase ends when every selected node has downloaded or settled.
+* FIT folds each update into the strategy's running weighted sum as it
+  arrives (memory O(model)); it ends when every task has settled or at the
+  round deadline.  Fewer than ``min_clients`` successes fail the round: no model
+  is applied and the next round starts from the last committed model.
+* AGGREGATE applies the strategy's server step to the mean update.
+* EVALUATE runs federated evaluation (every ``evaluation.every`` rounds) and
+  the optional server-side evaluation.
+* COMMIT writes the checkpoint and the round's record in one transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
+from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.spool import SpooledUpdate
+from geofl.server.strategies import Strategy, UpdateRejected
+
+log = logging.getLogger(__name__)
+
+ServerEvaluate = Callable[[WeightsView], tuple[float, dict[str, Scalar]]]
+
+
+class Phase(enum.Enum):
+    """States of one round."""
+
+    SELECT = "select"
+    BROADCAST = "broadcast"
+    FIT = "fit"
+    AGGREGATE = "aggregate"
+    EVALUATE = "evaluate"
+    COMMIT = "commit"
+    FAILED = "failed"
+
+
+_NEXT: dict[Phase, frozenset[Phase]] = {
+    Phase.SELECT: frozenset({Phase.BROADCAST, Phase.FAILED}),
+    Phase.BROADCAST: frozenset({Phase.FIT, Phase.FAILED}),
+    Phase.FIT: frozenset({Phase.AGGREGATE, Phase.FAILED}),
+    Phase.AGGREGATE: frozenset({Phase.EVALUATE, Phase.FAILED}),
+    Phase.EVALUATE: frozenset({Phase.COMMIT, Phase.FAILED}),
+    Phase.COMMIT: frozenset(),
+    Phase.FAILED: frozenset(),
+}
+
+
+class RoundFailed(Exception):
+    """The round cannot complete; the reason is recorded and the run goes on."""
+
+
+class NoClientsError(Exception):
+    """Not enough clients connected within ``wait_for_clients_s``: the run fails."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The parts of the run configuration the engine uses."""
+
+    rounds: int
+    clients_per_round: int
+    min_clients: int
+    over_select: float
+    deadline_s: float
+    wait_for_clients_s: float
+    round_config: dict[str, Scalar]
+    evaluate_every: int
+    evaluate_clients: int
+    evaluate_config: dict[str, Scalar]
+    seed: int
+
+
+@dataclass
+class RoundRecord:
+    """What a round produced, handed to the recorder at commit."""
+
+    number: int
+    selected: list[int] = field(default_factory=list)
+    phase_durations: dict[str, float] = field(default_factory=dict)
+    outcomes: list[tuple[TaskRecord, Outcome]] = field(default_factory=list)
+    train_loss: float | None = None
+    fit_metrics: Metrics = field(default_factory=dict)
+    eval_loss: float | None = None
+    eval_metrics: Metrics = field(default_factory=dict)
+    server_eval_loss: float | None = None
+    server_eval_metrics: Metrics = field(default_factory=dict)
+
+
+class Recorder:
+    """Persistence hooks of the engine (the database and checkpoints)."""
+
+    def round_started(self, number: int, cohort_target: int) -> None:
+        """A round begins."""
+
+    def phase(self, number: int, phase: Phase) -> None:
+        """The round entered ``phase``."""
+
+    def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        """One task settled."""
+
+    async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
+        """Checkpoint and record the round in one step."""
+
+    def round_failed(self, record: RoundRecord, reason: str) -> None:
+        """The round failed; nothing was applied."""
+
+
+class RoundEngine:
+    """Runs rounds ``start_round..rounds`` of one run."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        registry: Registry,
+        strategy: Strategy,
+        models: dict[int, WeightsView],
+        recorder: Recorder,
+        *,
+        start_round: int,
+        global_weights: Weights,
+        server_evaluate: ServerEvaluate | None = None,
+        on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    ) -> None:
+        self._cfg = settings
+        self._registry = registry
+        self._strategy = strategy
+        self._models = models
+        self._recorder = recorder
+        self._start = start_round
+        self.weights = global_weights
+        self._server_evaluate = server_evaluate
+        self._on_round_end = on_round_end
+        self._changed = asyncio.Event()
+        registry.on_change = self._changed.set
+
+    async def run(self) -> None:
+        """Every remaining round; raises :class:`NoClientsError` if clients never come."""
+        self._models[self._start - 1] = self.weights
+        for number in range(self._start, self._cfg.rounds + 1):
+            record = RoundRecord(number)
+            self._recorder.round_started(number, self._cfg.clients_per_round)
+            try:
+                await self._round(record)
+            except RoundFailed as failure:
+                log.warning("round %d failed: %s", number, failure)
+                self._recorder.round_failed(record, str(failure))
+                self._on_round_end(record, f"failed: {failure}")
+                self._models[number] = self.weights
+            else:
+                self._on_round_end(record, "committed")
+            self._models.pop(number - 1, None)
+
+    async def _round(self, record: RoundRecord) -> None:
+        clock = _PhaseClock(record, self._recorder)
+        clock.enter(Phase.SELECT)
+        cohort = await self._select(record.number)
+        record.selected = [s.node_id for s in cohort]
+        clock.enter(Phase.BROADCAST)
+        accumulator = self._strategy.begin_round(self.weights)
+        tasks = self._dispatch(cohort, "fit", record.number, record.number - 1,
+                               self._strategy.configure_fit(record.number, self._cfg.round_config))
+        await self._until_downloaded(tasks)
+        clock.enter(Phase.FIT)
+        fit_results = await self._collect(record, tasks, fold=accumulator.add)
+        if len(fit_results) < self._cfg.min_clients:
+            clock.enter(Phase.FAILED)
+            raise RoundFailed(
+                f"{len(fit_results)} of {len(tasks)} clients succeeded, "
+                f"min_clients is {self._cfg.min_clients}"
+            )
+        clock.enter(Phase.AGGREGATE)
+        record.train_loss, record.fit_metrics = self._summarise(fit_results)
+        mean = await asyncio.to_thread(accumulator.mean)
+        new_weights = await asyncio.to_thread(
+            self._strategy.apply, self.weights, mean, record.number
+        )
+        self._models[record.number] = new_weights
+        clock.enter(Phase.EVALUATE)
+        await self._evaluate(record, new_weights)
+        clock.enter(Phase.COMMIT)
+        await self._recorder.commit(record, new_weights, self._strategy.state())
+        self.weights = new_weights
+        clock.stop()
+
+    # ----------------------------------------------------------- phases
+
+    async def _select(self, number: int, *, minimum: int | None = None) -> list[NodeSession]:
+        need = self._cfg.min_clients if minimum is None else minimum
+        deadline = time.monotonic() + self._cfg.wait_for_clients_s
+        while True:
+            self._registry.expire()
+            available = self._registry.available()
+            if len(available) >= need:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise NoClientsError(
+                    f"round {number}: {len(available)} clients available after waiting "
+                    f"{self._cfg.wait_for_clients_s:g} s, {need} needed"
+                )
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
+            except TimeoutError:
+                pass
+        # Wait briefly for stragglers to connect when the target is not yet met.
+        target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select))
+        rng = random.Random(self._cfg.seed * 1_000_003 + number)
+        return rng.sample(available, min(target, len(available)))
+
+    def _dispatch(
+        self, cohort: Sequence[NodeSession], kind: str, number: int, version: int,
+        config: dict[str, Scalar],
+    ) -> list[TaskRecord]:
+        deadline = time.time() + self._cfg.deadline_s
+        return [
+            self._registry.assign(s, kind, number, version, dict(config), deadline)  # type: ignore[arg-type]
+            for s in cohort
+        ]
+
+    async def _until_downloaded(self, tasks: Sequence[TaskRecord]) -> None:
+        waits = [
+            asyncio.ensure_future(
+                _first(t.downloaded.wait(), asyncio.shield(t.future))
+            )
+            for t in tasks
+        ]
+        timeout = max(0.0, min(t.deadline for t in tasks) - time.time()) if tasks else 0.0
+        done, pending = await asyncio.wait(waits, timeout=timeout)
+        for waiter in pending:
+            waiter.cancel()
+
+    async def _collect(
+        self,
+        record: RoundRecord,
+        tasks: Sequence[TaskRecord],
+        fold: Callable[[WeightsView, float], None] | None = None,
+    ) -> list[Outcome]:
+        """Settle every task (result, failure or deadline) and fold good updates."""
+        deadline = max((t.deadline for t in tasks), default=time.time())
+        successes: list[Outcome] = []
+        pending = {t.future: t for t in tasks}
+        while pending:
+            timeout = deadline - time.time()
+            done, _ = await asyncio.wait(
+                pending, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                for task in pending.values():
+                    task.settle(Outcome("late", "no result before the round deadline"))
+                continue
+            for future in done:
+                task = pending.pop(future)
+                outcome = future.result()
+                if outcome.status == "ok" and fold is not None:
+                    outcome = await self._fold(fold, outcome)
+                record.outcomes.append((task, outcome))
+                self._recorder.participation(record.number, task, outcome)
+                if outcome.status == "ok":
+                    successes.append(outcome)
+        return successes
+
+    async def _fold(
+        self, fold: Callable[[WeightsView, float], None], outcome: Outcome
+    ) -> Outcome:
+        update: SpooledUpdate = outcome.update
+        try:
+            await asyncio.to_thread(fold, update, float(outcome.num_examples))
+        except UpdateRejected as rejected:
+            outcome.status, outcome.reason = "rejected", str(rejected)
+        finally:
+            update.close()
+            outcome.update = None
+        return outcome
+
+    async def _evaluate(self, record: RoundRecord, weights: WeightsView) -> None:
+        every = self._cfg.evaluate_every
+        if every and record.number % every == 0 and self._cfg.evaluate_clients:
+            available = self._registry.available()
+            rng = random.Random(self._cfg.seed * 7_919 + record.number)
+            cohort = rng.sample(available, min(self._cfg.evaluate_clients, len(available)))
+            config = self._strategy.configure_evaluate(record.number, self._cfg.evaluate_config)
+            tasks = self._dispatch(cohort, "evaluate", record.number, record.number, config)
+            results = await self._collect(record, tasks)
+            record.eval_loss, record.eval_metrics = self._summarise(results)
+        if self._server_evaluate is not None:
+            loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
+            record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
+
+    def _summarise(self, results: Sequence[Outcome]) -> tuple[float | None, Metrics]:
+        pairs = [(r.num_examples, r.metrics) for r in results]
+        metrics = self._strategy.aggregate_metrics(pairs) if pairs else {}
+        losses = [(r.num_examples, r.loss) for r in results if r.loss is not None]
+        total = sum(n for n, _ in losses)
+        loss = sum(n * v for n, v in losses) / total if total else None
+        return loss, metrics
+
+
+class _PhaseClock:
+    """Enforces legal transitions and times each phase."""
+
+    def __init__(self, record: RoundRecord, recorder: Recorder) -> None:
+        self._record = record
+        self._recorder = recorder
+        self._phase: Phase | None = None
+        self._since = time.monotonic()
+
+    def enter(self, phase: Phase) -> None:
+        if self._phase is not None and phase not in _NEXT[self._phase]:
+            raise RuntimeError(f"illegal round transition {self._phase.value} -> {phase.value}")
+        self.stop()
+        self._phase = phase
+        self._recorder.phase(self._record.number, phase)
+
+    def stop(self) -> None:
+        now = time.monotonic()
+        if self._phase is not None:
+            key = self._phase.value
+            self._record.phase_durations[key] = (
+                self._record.phase_durations.get(key, 0.0) + now - self._since
+            )
+        self._since = now
+
+
+async def _first(*awaitables: Any) -> None:
+    """Return when the first awaitable completes; cancel the rest."""
+    futures = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+
+
+__all__ = [
+    "EngineSettings",
+    "NoClientsError",
+    "Phase",
+    "Recorder",
+    "RoundEngine",
+    "RoundFailed",
+    "RoundRecord",
+]

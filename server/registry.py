@@ -1,0 +1,177 @@
+"""Connected nodes, their sessions, and the tasks handed to them.
+
+The registry is the only state the RPC handlers and the round engine share.
+Everything runs on one asyncio event loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
+from geofl.protocols.types import Config, Scalar
+
+TaskKindName = Literal["fit", "evaluate"]
+
+
+@dataclass
+class Outcome:
+    """What became of one task: a result, or the reason there is none."""
+
+    status: Literal["ok", "failed", "rejected", "late", "dropped"]
+    reason: str | None = None
+    num_examples: int = 0
+    loss: float | None = None
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+    update: Any = None  # a SpooledUpdate for fit results
+    compute_s: float | None = None
+    bytes_up: int = 0
+
+
+@dataclass
+class TaskRecord:
+    """A task handed to a node, and the future the engine awaits."""
+
+    task_id: int
+    node_id: int
+    kind: TaskKindName
+    round: int
+    model_version: int
+    config: Config
+    deadline: float  # time.time() seconds
+    future: asyncio.Future[Outcome]
+    issued_at: float = field(default_factory=time.time)
+    started_at: float | None = None
+    bytes_down: int = 0
+    downloaded: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def settle(self, outcome: Outcome) -> None:
+        """Resolve the task once; later outcomes are ignored."""
+        if not self.future.done():
+            self.future.set_result(outcome)
+
+
+@dataclass
+class NodeSession:
+    """One connected node."""
+
+    node_id: int
+    name: str
+    region: str | None
+    node_config: dict[str, Scalar]
+    token: str
+    last_seen: float = field(default_factory=time.monotonic)
+    mailbox: asyncio.Queue[TaskRecord] = field(default_factory=asyncio.Queue)
+    current: TaskRecord | None = None
+    online: bool = True
+
+
+class Registry:
+    """Sessions by token, tasks by id, and liveness."""
+
+    def __init__(self, heartbeat_interval_s: float, patience: int = 3) -> None:
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self._patience = patience
+        self._by_token: dict[str, NodeSession] = {}
+        self._by_id: dict[int, NodeSession] = {}
+        self._tasks: dict[int, TaskRecord] = {}
+        self._next_task_id = int(time.time() * 1000) << 8  # unique across restarts
+        self.finished = asyncio.Event()
+        self.shutdown_delivered: set[int] = set()
+        self.on_change: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------ sessions
+
+    def add(self, node_id: int, name: str, region: str | None, config: dict[str, Scalar]) -> str:
+        """Register a (re)joined node; an older session of the same node is replaced."""
+        old = self._by_id.pop(node_id, None)
+        if old is not None:
+            self._by_token.pop(old.token, None)
+            self._drop_current(old, "node re-joined")
+        token = secrets.token_urlsafe(24)
+        session = NodeSession(node_id, name, region, config, token)
+        self._by_token[token] = session
+        self._by_id[node_id] = session
+        self.on_change()
+        return token
+
+    def session(self, token: str | None) -> NodeSession:
+        """The live session for ``token``; touching it counts as a heartbeat."""
+        session = self._by_token.get(token or "")
+        if session is None or not session.online:
+            raise SessionError("unknown node session; join again")
+        session.last_seen = time.monotonic()
+        return session
+
+    def available(self) -> list[NodeSession]:
+        """Online nodes with no task in hand, in join order."""
+        return [s for s in self._by_id.values() if s.online and s.current is None]
+
+    def online(self) -> list[NodeSession]:
+        """Every online node."""
+        return [s for s in self._by_id.values() if s.online]
+
+    def expire(self) -> list[NodeSession]:
+        """Mark nodes that missed ``patience`` heartbeats offline; return them."""
+        limit = time.monotonic() - self._patience * self.heartbeat_interval_s
+        gone = [s for s in self._by_id.values() if s.online and s.last_seen < limit]
+        for session in gone:
+            session.online = False
+            self._by_token.pop(session.token, None)
+            self._drop_current(session, "node stopped sending heartbeats")
+        if gone:
+            self.on_change()
+        return gone
+
+    def _drop_current(self, session: NodeSession, reason: str) -> None:
+        if session.current is not None:
+            session.current.settle(Outcome("dropped", reason))
+            session.current = None
+
+    # ------------------------------------------------------------ tasks
+
+    def assign(
+        self,
+        session: NodeSession,
+        kind: TaskKindName,
+        round_number: int,
+        model_version: int,
+        config: Config,
+        deadline: float,
+    ) -> TaskRecord:
+        """Create a task for ``session`` and put it in its mailbox."""
+        if self.finished.is_set():
+            raise RunFinishedError("the run is over")
+        self._next_task_id += 1
+        loop = asyncio.get_running_loop()
+        task = TaskRecord(
+            self._next_task_id, session.node_id, kind, round_number, model_version,
+            config, deadline, loop.create_future(),
+        )
+        self._tasks[task.task_id] = task
+        session.current = task
+        session.mailbox.put_nowait(task)
+        task.future.add_done_callback(lambda _: self._release(task))
+        return task
+
+    def _release(self, task: TaskRecord) -> None:
+        self._tasks.pop(task.task_id, None)
+        session = self._by_id.get(task.node_id)
+        if session is not None and session.current is task:
+            session.current = None
+            self.on_change()
+
+    def task_for(self, session: NodeSession, task_id: int) -> TaskRecord:
+        """The open task ``task_id`` of this node, or :class:`TaskError`."""
+        task = self._tasks.get(task_id)
+        if task is None or task.node_id != session.node_id or task.future.done():
+            raise TaskError(f"task {task_id} is not open for node {session.node_id}")
+        return task
+
+
+__all__ = ["NodeSession", "Outcome", "Registry", "TaskRecord"]

@@ -1,0 +1,279 @@
+"""The Coordinator gRPC service: thin handlers over the registry and the model store.
+
+Every handler body runs inside :func:`_translated`, the one place where internal
+errors become catalogued gRPC statuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import grpc
+
+from geofl.protocols import serde
+from geofl.protocols.errors import ErrorCode, GeoflError, ProtocolError, TaskError
+from geofl.protocols.tensors import ModelSpec, model_bytes
+from geofl.protocols.types import Scalar, WeightsView
+from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.spool import SpoolSink
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_PROTOCOL_VERSIONS = (1,)
+SESSION_METADATA_KEY = "geofl-session"
+_MAX_POLL_S = 60.0
+
+_KIND = {"fit": pb.TASK_KIND_FIT, "evaluate": pb.TASK_KIND_EVALUATE}
+
+
+@dataclass
+class ServerState:
+    """What the handlers need to know about the run."""
+
+    registry: Registry
+    run_id: int
+    run_name: str
+    spec: ModelSpec
+    join_node: Callable[[str, str | None, dict[str, Scalar]], int]
+    chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
+    run_config: dict[str, Scalar] = field(default_factory=dict)
+    models: dict[int, WeightsView] = field(default_factory=dict)
+
+
+class _Abort(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Map geofl errors to their catalogued status; hide internal details."""
+    try:
+        yield
+    except GeoflError as exc:
+        raise _Abort(exc.code.status, exc.wire_details()) from exc
+    except (asyncio.CancelledError, _Abort):
+        raise
+    except Exception as exc:
+        log.exception("internal error in RPC handler")
+        internal = GeoflError("internal server error", code=ErrorCode.INTERNAL)
+        raise _Abort(grpc.StatusCode.INTERNAL, internal.wire_details()) from exc
+
+
+def _token(context: grpc.aio.ServicerContext[object, object]) -> str | None:
+    for key, value in context.invocation_metadata() or ():
+        if key == SESSION_METADATA_KEY:
+            return value if isinstance(value, str) else value.decode()
+    return None
+
+
+class CoordinatorServicer(pb_grpc.CoordinatorServicer):
+    """Handlers of ``geofl.v1.Coordinator``."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._s = state
+
+    async def Join(  # noqa: N802 - gRPC naming
+        self, request: pb.JoinRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.JoinReply:
+        try:
+            with _translated():
+                return self._join(request)
+        except _Abort as abort:
+            await context.abort(abort.code, abort.details)
+            raise  # unreachable: abort raises
+
+    def _join(self, request: pb.JoinRequest) -> pb.JoinReply:
+        common = set(request.protocol_versions) & set(SUPPORTED_PROTOCOL_VERSIONS)
+        if not common:
+            raise GeoflError(
+                f"client speaks protocol versions {list(request.protocol_versions)}, "
+                f"server speaks {list(SUPPORTED_PROTOCOL_VERSIONS)}",
+                code=ErrorCode.PROTOCOL_VERSION,
+            )
+        if not request.node_name:
+            raise ProtocolError("JoinRequest.node_name is empty")
+        config = serde.scalar_map(request.node_config)
+        region = request.region or None
+        node_id = self._s.join_node(request.node_name, region, config)
+        token = self._s.registry.add(node_id, request.node_name, region, config)
+        log.info("node %s (%s) joined as %d", request.node_name, region or "-", node_id)
+        reply = pb.JoinReply(
+            protocol_version=max(common),
+            node_id=node_id,
+            session_token=token,
+            heartbeat_interval_s=self._s.registry.heartbeat_interval_s,
+            run_name=self._s.run_name,
+            run_id=self._s.run_id,
+            max_chunk_bytes=4 << 20,
+        )
+        serde.fill_scalar_map(reply.run_config, self._s.run_config)
+        return reply
+
+    async def Heartbeat(  # noqa: N802
+        self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.HeartbeatReply:
+        try:
+            with _translated():
+                self._s.registry.session(_token(context))
+                return pb.HeartbeatReply(
+                    heartbeat_interval_s=self._s.registry.heartbeat_interval_s
+                )
+        except _Abort as abort:
+            await context.abort(abort.code, abort.details)
+            raise
+
+    async def GetTask(  # noqa: N802
+        self, request: pb.GetTaskRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.Task:
+        try:
+            with _translated():
+                session = self._s.registry.session(_token(context))
+                timeout = min(max(request.poll_timeout_s, 0.0), _MAX_POLL_S)
+                return await self._next_task(session, timeout)
+        except _Abort as abort:
+            await context.abort(abort.code, abort.details)
+            raise
+
+    async def _next_task(self, session: NodeSession, timeout: float) -> pb.Task:
+        registry = self._s.registry
+        if session.mailbox.empty() and not registry.finished.is_set():
+            getter = asyncio.ensure_future(session.mailbox.get())
+            finished = asyncio.ensure_future(registry.finished.wait())
+            done, _ = await asyncio.wait(
+                {getter, finished}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            finished.cancel()
+            if getter in done:
+                session.mailbox.put_nowait(getter.result())  # keep ordering simple
+            else:
+                getter.cancel()
+        session.last_seen = time.monotonic()
+        while not session.mailbox.empty():
+            task = session.mailbox.get_nowait()
+            if not task.future.done():
+                return self._task_message(task)
+        if registry.finished.is_set():
+            registry.shutdown_delivered.add(session.node_id)
+            return pb.Task(kind=pb.TASK_KIND_SHUTDOWN, run_id=self._s.run_id, reason="run over")
+        return pb.Task(kind=pb.TASK_KIND_WAIT, run_id=self._s.run_id)
+
+    def _task_message(self, task: TaskRecord) -> pb.Task:
+        task.started_at = time.time()
+        message = pb.Task(
+            kind=_KIND[task.kind],
+            task_id=task.task_id,
+            run_id=self._s.run_id,
+            round=task.round,
+            model_version=task.model_version,
+            deadline_unix_s=task.deadline,
+            num_tensors=len(self._s.spec),
+            model_bytes=model_bytes(self._s.spec),
+        )
+        serde.fill_scalar_map(message.config, task.config)
+        return message
+
+    async def Download(  # noqa: N802
+        self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> AsyncIterator[pb.TensorChunk]:
+        try:
+            with _translated():
+                session = self._s.registry.session(_token(context))
+                task = self._s.registry.task_for(session, request.task_id)
+                weights = self._s.models.get(request.model_version)
+                if weights is None:
+                    raise GeoflError(
+                        f"model version {request.model_version} is not available",
+                        code=ErrorCode.MODEL_UNAVAILABLE,
+                    )
+        except _Abort as abort:
+            await context.abort(abort.code, abort.details)
+            raise
+        for chunk in serde.iter_chunks(weights, self._s.chunk_bytes):
+            task.bytes_down += chunk.ByteSize()
+            yield chunk
+        task.downloaded.set()
+
+    async def Submit(  # noqa: N802
+        self,
+        request_iterator: AsyncIterator[pb.UploadMessage],
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> pb.SubmitReply:
+        try:
+            with _translated():
+                session = self._s.registry.session(_token(context))
+                return await self._submit(session, request_iterator)
+        except _Abort as abort:
+            await context.abort(abort.code, abort.details)
+            raise
+
+    async def _submit(
+        self, session: NodeSession, messages: AsyncIterator[pb.UploadMessage]
+    ) -> pb.SubmitReply:
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("body") != "header":
+            raise ProtocolError("an upload must start with an UploadHeader")
+        header = first.header
+        task = self._s.registry.task_for(session, header.task_id)
+        if time.time() > task.deadline:
+            task.settle(Outcome("late", "result arrived after the round deadline"))
+            raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
+        try:
+            outcome = await self._receive(task, header, messages)
+        except GeoflError as exc:
+            task.settle(Outcome("rejected", str(exc)))
+            raise
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            task.settle(Outcome("dropped", "client disconnected during upload"))
+            raise
+        outcome.bytes_up += first.ByteSize()
+        task.settle(outcome)
+        return pb.SubmitReply(accepted=True)
+
+    async def _receive(
+        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[pb.UploadMessage]
+    ) -> Outcome:
+        metrics = serde.scalar_map(header.metrics)
+        if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
+            return Outcome("failed", header.error or "client error", metrics=metrics)
+        if header.status != pb.RESULT_STATUS_OK:
+            raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
+        loss = header.loss
+        if task.kind == "evaluate":
+            if header.update_kind != pb.UPDATE_KIND_NONE:
+                raise ProtocolError("an evaluation result carries no tensors")
+            return Outcome("ok", num_examples=int(header.num_examples), loss=loss,
+                           metrics=metrics, compute_s=header.compute_s or None)
+        if header.update_kind != pb.UPDATE_KIND_DELTA:
+            raise ProtocolError("a fit result must carry a DELTA update")
+        if header.num_examples <= 0:
+            raise ProtocolError("a fit result must report num_examples > 0")
+        sink = SpoolSink()
+        assembler = serde.Assembler(sink, self._s.spec, check_finite=True)
+        received = 0
+        try:
+            async for message in messages:
+                if message.WhichOneof("body") != "chunk":
+                    raise ProtocolError("only tensor chunks may follow the UploadHeader")
+                assembler.feed(message.chunk)
+                received += message.ByteSize()
+            assembler.finish()
+        except BaseException:
+            sink.discard()
+            raise
+        return Outcome("ok", num_examples=int(header.num_examples), loss=loss, metrics=metrics,
+                       update=sink.update(), compute_s=header.compute_s or None,
+                       bytes_up=received)
+
+
+__all__ = ["SESSION_METADATA_KEY", "SUPPORTED_PROTOCOL_VERSIONS", "CoordinatorServicer",
+           "ServerState"]
