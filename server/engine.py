@@ -35,6 +35,9 @@ from geofl.server.strategies import Strategy, UpdateRejected
 
 log = logging.getLogger(__name__)
 
+#: Seconds selection waits for the full target once ``min_clients`` are available.
+SELECT_GRACE_S = 3.0
+
 ServerEvaluate = Callable[[WeightsView], tuple[float, dict[str, Scalar]]]
 
 
@@ -108,8 +111,8 @@ class Recorder:
     def round_started(self, number: int, cohort_target: int) -> None:
         """A round begins."""
 
-    def phase(self, number: int, phase: Phase) -> None:
-        """The round entered ``phase``."""
+    def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
+        """The round entered ``phase`` after ``seconds_in_previous`` in the one before."""
 
     def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         """One task settled."""
@@ -219,10 +222,28 @@ class RoundEngine:
                 await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
             except TimeoutError:
                 pass
-        # Wait briefly for stragglers to connect when the target is not yet met.
         target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select))
+        available = await self._grace_for_target(available, target, deadline)
         rng = random.Random(self._cfg.seed * 1_000_003 + number)
         return rng.sample(available, min(target, len(available)))
+
+    async def _grace_for_target(
+        self, available: list[NodeSession], target: int, deadline: float
+    ) -> list[NodeSession]:
+        """Once the minimum is there, give the rest of the target a short while to connect.
+
+        Without this the first round of a run would start with whoever joined first.
+        """
+        grace_end = min(deadline, time.monotonic() + SELECT_GRACE_S)
+        while len(available) < target and time.monotonic() < grace_end:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), grace_end - time.monotonic())
+            except TimeoutError:
+                pass
+            self._registry.expire()
+            available = self._registry.available()
+        return available
 
     def _dispatch(
         self, cohort: Sequence[NodeSession], kind: str, number: int, version: int,
@@ -324,18 +345,20 @@ class _PhaseClock:
     def enter(self, phase: Phase) -> None:
         if self._phase is not None and phase not in _NEXT[self._phase]:
             raise RuntimeError(f"illegal round transition {self._phase.value} -> {phase.value}")
-        self.stop()
+        elapsed = self.stop()
         self._phase = phase
-        self._recorder.phase(self._record.number, phase)
+        self._recorder.phase(self._record.number, phase, elapsed)
 
-    def stop(self) -> None:
+    def stop(self) -> float | None:
+        """Close the current phase's timer; its seconds, if a phase was open."""
         now = time.monotonic()
+        elapsed = None
         if self._phase is not None:
             key = self._phase.value
-            self._record.phase_durations[key] = (
-                self._record.phase_durations.get(key, 0.0) + now - self._since
-            )
+            elapsed = now - self._since
+            self._record.phase_durations[key] = self._record.phase_durations.get(key, 0.0) + elapsed
         self._since = now
+        return elapsed
 
 
 async def _first(*awaitables: Any) -> None:

@@ -1,0 +1,111 @@
+"""``geofl runs list|show`` and ``geofl db upgrade``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from geofl.server.cli.exit_codes import ExitCode
+from geofl.storage import StorageUnavailableError, open_database, queries
+from geofl.storage.errors import DatabaseURLError, RunNotFoundError
+from geofl.storage.records import RunDetail, RunSummary
+
+DEFAULT_DB = "sqlite:///runs/geofl.db"
+
+
+def _url(args: argparse.Namespace) -> str:
+    return str(args.db or os.environ.get("GEOFL_DB") or DEFAULT_DB)
+
+
+def _mb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f}"
+
+
+def _num(x: float | None, fmt: str = ".4g") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _metrics(metrics: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(metrics.items())) or "-"
+
+
+def runs_table(runs: list[RunSummary]) -> Table:
+    """``geofl runs list`` as a table."""
+    table = Table(title="runs")
+    for column in ("id", "name", "status", "rounds", "nodes", "MB up", "MB down", "created"):
+        table.add_column(column)
+    for r in runs:
+        table.add_row(str(r.id), r.name, r.status, f"{r.last_committed_round}/{r.rounds_planned}",
+                      str(r.num_nodes), _mb(r.bytes_up), _mb(r.bytes_down),
+                      r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+    return table
+
+
+def detail_tables(detail: RunDetail) -> list[Table]:
+    """``geofl runs show`` as tables: rounds, then participations."""
+    run = detail.run
+    rounds = Table(title=f"run {run.id} '{run.name}': {run.status}"
+                   + (f" ({run.error})" if run.error else ""))
+    for column in ("round", "status", "cohort", "ok/failed", "seconds", "MB up", "MB down",
+                   "train loss", "eval loss", "metrics"):
+        rounds.add_column(column)
+    for r in detail.rounds:
+        metrics = {**r.eval_metrics, **{f"server_{k}": v for k, v in r.server_eval_metrics.items()}}
+        rounds.add_row(str(r.number), r.status + (f": {r.error}" if r.error else ""),
+                       f"{r.num_selected}/{r.cohort_target}", f"{r.num_succeeded}/{r.num_failed}",
+                       _num(r.duration_s, ".2f"), _mb(r.bytes_up), _mb(r.bytes_down),
+                       _num(r.train_loss), _num(r.eval_loss), _metrics(metrics))
+    clients = Table(title="participations")
+    for column in ("round", "node", "region", "kind", "status", "examples", "seconds",
+                   "MB up", "MB down", "reason"):
+        clients.add_column(column)
+    for p in detail.participations:
+        clients.add_row(str(p.round_number), f"{p.node_id} {p.node_name}", p.node_region or "-",
+                        p.kind, p.status, str(p.num_examples), _num(p.duration_s, ".2f"),
+                        _mb(p.bytes_up), _mb(p.bytes_down), p.reason or "")
+    return [rounds, clients]
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Dispatch ``runs`` and ``db`` actions; returns the exit code."""
+    # Wide enough for the tables when the output is not a terminal (pipes, CI logs).
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    url = _url(args)
+    try:
+        if args.command == "db":
+            from geofl.storage import current_revision, upgrade
+
+            upgrade(url)
+            console.print(f"database at revision {current_revision(url)}")
+            return ExitCode.OK
+        with open_database(url, migrate=False) as db, db.session() as session:
+            if args.runs_command == "list":
+                runs = queries.list_runs(session)
+                if args.json:
+                    print(json.dumps([r.to_dict() for r in runs], indent=2))
+                else:
+                    console.print(runs_table(runs))
+                return ExitCode.OK
+            detail = queries.run_detail(session, args.run_id)
+    except (StorageUnavailableError, DatabaseURLError) as exc:
+        print(f"geofl: error: {exc}", file=sys.stderr)
+        return ExitCode.STORAGE_UNAVAILABLE
+    except RunNotFoundError as exc:
+        print(f"geofl: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    if args.json:
+        print(json.dumps(detail.to_dict(), indent=2))
+    else:
+        for table in detail_tables(detail):
+            console.print(table)
+    return ExitCode.OK
+
+
+__all__ = ["detail_tables", "run_inspect", "runs_table"]

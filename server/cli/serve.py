@@ -1,0 +1,149 @@
+"""``geofl server`` and ``geofl simulate``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+
+from geofl.server.cli.exit_codes import ExitCode
+from geofl.server.config import ConfigError, RunConfig, load_config
+from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
+from geofl.server.engine import RoundRecord
+from geofl.server.loading import UserCodeError
+from geofl.storage import StorageUnavailableError
+
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+_CLIENT_EXIT_WAIT_S = 30.0
+
+
+def _fmt_metrics(metrics: dict[str, object]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in sorted(metrics.items()))
+
+
+def round_reporter(rounds: int) -> Callable[[RoundRecord, str], None]:
+    """Print one line per finished round."""
+
+    def report(record: RoundRecord, status: str) -> None:
+        ok = sum(1 for _, o in record.outcomes if o.status == "ok")
+        seconds = sum(record.phase_durations.values())
+        parts = [f"round {record.number}/{rounds} {status} in {seconds:.2f} s",
+                 f"{ok}/{len(record.outcomes)} tasks ok"]
+        if record.train_loss is not None:
+            parts.append(f"train_loss={record.train_loss:.4g}")
+        if record.eval_metrics:
+            parts.append("eval: " + _fmt_metrics(dict(record.eval_metrics)))
+        if record.server_eval_metrics:
+            parts.append("server: " + _fmt_metrics(dict(record.server_eval_metrics)))
+        console.print(" · ".join(parts))
+
+    return report
+
+
+def client_command(config: RunConfig, port: int, index: int) -> list[str]:
+    """Command line of simulated client ``index``."""
+    sim = config.simulation
+    node_config = {**sim.node_config, "partition-id": index, "num-partitions": sim.clients}
+    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
+    return [sys.executable, "-m", "geofl.client", "--server", f"127.0.0.1:{port}",
+            "--app", str(sim.app), "--name", f"sim-{index}", "--reconnect-for", "60",
+            "--node-config", *pairs]
+
+
+async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
+    coordinator = Coordinator(config, on_round_end=round_reporter(config.run.rounds))
+    clients: list[subprocess.Popen[bytes]] = []
+    try:
+        port = await coordinator.start()
+        console.print(f"geofl: run [bold]{config.run.name}[/] (id {coordinator.run_id}) "
+                      f"listening on port {port}"
+                      + (f", resuming after round {coordinator.start_round - 1}"
+                         if coordinator.start_round > 1 else ""))
+        if simulate:
+            clients = [subprocess.Popen(client_command(config, port, i))
+                       for i in range(config.simulation.clients)]
+        result = await coordinator.run()
+        codes = [await asyncio.to_thread(_wait, p) for p in clients]
+        return result, codes
+    finally:
+        for process in clients:
+            if process.poll() is None:
+                process.terminate()
+                await asyncio.to_thread(_wait, process)
+        await coordinator.stop()
+
+
+def _wait(process: subprocess.Popen[bytes]) -> int:
+    try:
+        return process.wait(timeout=_CLIENT_EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.wait()
+
+
+def _check_simulation(config: RunConfig) -> None:
+    if not config.simulation.app:
+        raise ConfigError("simulation.app: required by `geofl simulate` (the client app, "
+                          "module:attr)")
+    if config.simulation.clients < config.strategy.min_clients:
+        raise ConfigError(
+            f"simulation.clients ({config.simulation.clients}) is below strategy.min_clients "
+            f"({config.strategy.min_clients}): no round could ever complete"
+        )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Run ``geofl server`` or ``geofl simulate``; returns the exit code."""
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    simulate = args.command == "simulate"
+    try:
+        config = load_config(args.config, args.overrides)
+        if simulate:
+            _check_simulation(config)
+        result, codes = _run_until_signal(config, simulate)
+    except ConfigError as exc:
+        return _fail(ExitCode.USAGE, str(exc))
+    except StorageUnavailableError as exc:
+        return _fail(ExitCode.STORAGE_UNAVAILABLE, str(exc))
+    except AddressInUseError as exc:
+        return _fail(ExitCode.ADDRESS_IN_USE, str(exc))
+    except UserCodeError as exc:
+        return _fail(ExitCode.USER_CODE, str(exc))
+    except KeyboardInterrupt:
+        return _fail(ExitCode.INTERRUPTED, "interrupted; the run stays resumable "
+                     "(start again with the same configuration and database)")
+    return _report(result, codes)
+
+
+def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
+    """Run the event loop; SIGTERM behaves like Ctrl-C."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    return asyncio.run(_serve(config, simulate))
+
+
+def _report(result: RunResult, codes: Sequence[int]) -> int:
+    if result.status != "completed":
+        return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} failed: {result.error}")
+    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    if bad:
+        listed = ", ".join(f"client {i} exited {c}" for i, c in bad)
+        return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} completed but {listed}")
+    console.print(f"geofl: run {result.run_id} completed; see "
+                  f"`geofl runs show {result.run_id} --db {result.db_url}`", markup=False)
+    return ExitCode.OK
+
+
+def _fail(code: ExitCode, message: str) -> int:
+    console.print(f"geofl: error: {message}", markup=False)
+    return int(code)
+
+
+__all__ = ["client_command", "round_reporter", "run_serve"]

@@ -1,0 +1,213 @@
+"""The coordinator: one run from configuration to the last round.
+
+Composition root of the server: opens the database (migrating it), resumes
+the run if the database holds an unfinished one with the same name and
+configuration, serves gRPC, drives the round engine, tells every client the
+run is over, and records the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from geofl.protocols.tensors import spec_of
+from geofl.protocols.types import Scalar, Weights
+from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+from geofl.server.config import RunConfig
+from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
+from geofl.server.loading import load_initial_weights, load_server_evaluate
+from geofl.server.recorder import DatabaseRecorder
+from geofl.server.registry import Registry
+from geofl.server.strategies import Strategy, make_strategy
+from geofl.server.transport import CoordinatorServicer, ServerState
+from geofl.storage import CheckpointRecord, CheckpointStore, Database, open_database, queries
+
+log = logging.getLogger(__name__)
+
+_SHUTDOWN_GRACE_S = 10.0
+
+
+class AddressInUseError(Exception):
+    """The configured listen address cannot be bound."""
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended."""
+
+    run_id: int
+    status: str
+    resumed_from: int | None
+    db_url: str
+    error: str | None = None
+
+
+def build_strategy(config: RunConfig) -> Strategy:
+    """The configured strategy with its own parameters."""
+    params: dict[str, Any] = config.strategy.model_dump()
+    name = params.pop("name")
+    for key in ("clients_per_round", "min_clients"):
+        params.pop(key, None)
+    return make_strategy(name, **params)
+
+
+def engine_settings(config: RunConfig) -> EngineSettings:
+    """The engine's view of the configuration."""
+    ev = config.evaluation
+    return EngineSettings(
+        rounds=config.run.rounds,
+        clients_per_round=config.strategy.clients_per_round,
+        min_clients=config.strategy.min_clients,
+        over_select=config.schedule.over_select,
+        deadline_s=config.schedule.deadline_s,
+        wait_for_clients_s=config.schedule.wait_for_clients_s,
+        round_config=dict(config.round_config),
+        evaluate_every=ev.every,
+        evaluate_clients=ev.clients if ev.clients is not None else config.strategy.clients_per_round,
+        evaluate_config=dict(ev.config),
+        seed=config.run.seed,
+    )
+
+
+class Coordinator:
+    """Serves one run; ``await start()`` then ``await run()``."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        *,
+        on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    ) -> None:
+        self.config = config
+        self._on_round_end = on_round_end
+        self.db: Database = open_database(config.storage.url)
+        self.store = CheckpointStore(Path(config.storage.checkpoints))
+        self.strategy = build_strategy(config)
+        self.registry = Registry(config.server.heartbeat_interval_s)
+        self.weights, self.run_id, self.start_round = self._resume_or_create()
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._state = ServerState(
+            registry=self.registry,
+            run_id=self.run_id,
+            run_name=config.run.name,
+            spec=spec_of(self.weights),
+            join_node=self._join_node,
+            chunk_bytes=config.server.chunk_bytes,
+            run_config=dict(config.round_config),
+        )
+
+    # ------------------------------------------------------------ set-up
+
+    def _resume_or_create(self) -> tuple[Weights, int, int]:
+        cfg = self.config
+        with self.db.session() as session:
+            run = queries.find_resumable_run(session, cfg.run.name, cfg.config_sha256())
+            if run is None:
+                run = queries.create_run(session, cfg.run.name, cfg.to_dict(), cfg.run.rounds)
+                return load_initial_weights(cfg.model), run.id, 1
+            run_id, last = run.id, run.last_committed_round
+            checkpoint = queries.latest_checkpoint(session, run_id)
+            queries.add_event(session, "run.resumed", f"resuming after round {last}", run_id=run_id)
+        if checkpoint is None:
+            return load_initial_weights(cfg.model), run_id, 1
+        weights, state = self.store.load(CheckpointRecord.from_row(checkpoint))
+        self.strategy.load_state(state)
+        log.info("resuming run %d after round %d", run_id, last)
+        return weights, run_id, last + 1
+
+    def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
+        with self.db.session() as session:
+            return queries.upsert_node(session, self.run_id, name, region, dict(node_config)).id
+
+    async def start(self) -> int:
+        """Bind the listen address and start serving; returns the bound port."""
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", 8 << 20),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ])
+        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self._state), server)
+        address = self.config.server.address
+        tls = self.config.server.tls
+        try:
+            if tls is None:
+                port = server.add_insecure_port(address)
+            else:
+                creds = grpc.ssl_server_credentials(
+                    [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())]
+                )
+                port = server.add_secure_port(address, creds)
+        except RuntimeError as exc:
+            raise AddressInUseError(f"cannot listen on {address}: {exc}") from exc
+        if port == 0:
+            raise AddressInUseError(f"cannot listen on {address}: address already in use")
+        await server.start()
+        self._server, self.port = server, port
+        log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, port)
+        return port
+
+    # ------------------------------------------------------------ the run
+
+    async def run(self) -> RunResult:
+        """Run the remaining rounds, then shut every client down."""
+        if self._server is None:
+            await self.start()
+        resumed = self.start_round - 1 if self.start_round > 1 else None
+        engine = RoundEngine(
+            engine_settings(self.config), self.registry, self.strategy, self._state.models,
+            DatabaseRecorder(self.db, self.store, self.run_id),
+            start_round=self.start_round, global_weights=self.weights,
+            server_evaluate=(load_server_evaluate(self.config.evaluation.server)
+                             if self.config.evaluation.server else None),
+            on_round_end=self._on_round_end,
+        )
+        reaper = asyncio.create_task(self._reap())
+        status, error = "completed", None
+        try:
+            await engine.run()
+        except NoClientsError as exc:
+            status, error = "failed", str(exc)
+        finally:
+            reaper.cancel()
+        with self.db.session() as session:
+            queries.finish_run(session, self.run_id, status, error)
+        await self._shutdown_clients()
+        return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
+
+    async def _reap(self) -> None:
+        while True:
+            await asyncio.sleep(self.registry.heartbeat_interval_s)
+            for node in self.registry.expire():
+                log.info("node %d (%s) went offline", node.node_id, node.name)
+
+    async def _shutdown_clients(self) -> None:
+        """Tell every online client the run is over, then stop serving."""
+        self.registry.finished.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SHUTDOWN_GRACE_S
+        while loop.time() < deadline:
+            waiting = {s.node_id for s in self.registry.online()}
+            if waiting <= self.registry.shutdown_delivered:
+                break
+            await asyncio.sleep(0.05)
+        await self.stop()
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop serving and close the database."""
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await self._server.stop(grace)
+            self._server = None
+        self.db.close()
+
+
+__all__ = ["AddressInUseError", "Coordinator", "RunResult", "build_strategy", "engine_settings"]

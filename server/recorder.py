@@ -1,0 +1,86 @@
+"""The engine's persistence: rounds, participations and checkpoints in the database."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+
+from geofl.protocols.types import WeightsView
+from geofl.server.engine import Phase, Recorder, RoundRecord
+from geofl.server.registry import Outcome, TaskRecord
+from geofl.storage import CheckpointStore, Database, queries
+
+
+def _utc(unix_s: float | None) -> dt.datetime | None:
+    return None if unix_s is None else dt.datetime.fromtimestamp(unix_s, dt.UTC)
+
+
+class DatabaseRecorder(Recorder):
+    """Writes what the engine does; the commit is one transaction."""
+
+    def __init__(
+        self, db: Database, store: CheckpointStore, run_id: int,
+    ) -> None:
+        self._db = db
+        self._store = store
+        self._run_id = run_id
+        self._round_ids: dict[int, int] = {}
+
+    def round_started(self, number: int, cohort_target: int) -> None:
+        with self._db.session() as session:
+            row = queries.start_round(session, self._run_id, number, cohort_target)
+            self._round_ids[number] = row.id
+
+    def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
+        if phase is Phase.FAILED:
+            return
+        with self._db.session() as session:
+            queries.set_round_phase(session, self._round_ids[number], phase.value,
+                                    seconds_in_previous_phase=seconds_in_previous)
+
+    def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        finished = dt.datetime.now(dt.UTC)
+        started = _utc(task.started_at or task.issued_at)
+        with self._db.session() as session:
+            queries.record_participation(
+                session,
+                self._round_ids[number],
+                task.node_id,
+                task_id=task.task_id,
+                kind=task.kind,
+                status=outcome.status,
+                reason=outcome.reason,
+                num_examples=outcome.num_examples,
+                bytes_up=outcome.bytes_up,
+                bytes_down=task.bytes_down,
+                compute_s=outcome.compute_s,
+                duration_s=(finished - started).total_seconds() if started else None,
+                loss=outcome.loss,
+                metrics=dict(outcome.metrics),
+                started_at=started,
+                finished_at=finished,
+            )
+
+    async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
+        checkpoint = await asyncio.to_thread(
+            self._store.save, self._run_id, record.number, weights, state
+        )
+        with self._db.session() as session:
+            queries.commit_round(
+                session,
+                self._round_ids[record.number],
+                checkpoint=checkpoint,
+                train_loss=record.train_loss,
+                fit_metrics=dict(record.fit_metrics),
+                eval_loss=record.eval_loss,
+                eval_metrics=dict(record.eval_metrics),
+                server_eval_loss=record.server_eval_loss,
+                server_eval_metrics=dict(record.server_eval_metrics),
+            )
+
+    def round_failed(self, record: RoundRecord, reason: str) -> None:
+        with self._db.session() as session:
+            queries.fail_round(session, self._round_ids[record.number], reason)
+
+
+__all__ = ["DatabaseRecorder"]
