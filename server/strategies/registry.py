@@ -1,0 +1,40 @@
+"""Strategy registry: the names a run's YAML may use, and a factory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from geofl.server.strategies.base import Strategy
+from geofl.server.strategies.fedavg import FedAvg, FedAvgM, FedProx
+from geofl.server.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
+
+__all__ = ["STRATEGIES", "make_strategy"]
+
+#: Registry name -> strategy class (read-only).
+STRATEGIES: Mapping[str, type[Strategy]] = MappingProxyType(
+    {cls.name: cls for cls in (FedAvg, FedAvgM, FedProx, FedAdam, FedYogi, FedAdagrad)}
+)
+
+
+def make_strategy(name: str, **params: float) -> Strategy:
+    """Build the strategy registered as ``name`` with keyword hyperparameters.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is unknown, or a hyperparameter is unknown, missing or out of range;
+        the message names the strategy and the parameter.
+    """
+    try:
+        cls = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown strategy {name!r}; known strategies: {sorted(STRATEGIES)}"
+        ) from None
+    try:
+        return cls(**params)
+    except TypeError as exc:
+        raise ValueError(f"strategy {name!r}: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"strategy {name!r}: {exc}") from exc
