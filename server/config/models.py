@@ -1,0 +1,241 @@
+"""The run configuration: one typed tree, one model per YAML section.
+
+Models are frozen and strict (``rounds: "3"`` is an error, not a coercion), and unknown keys
+are errors, so a typo never silently falls back to a default. Relative paths resolve against
+the YAML file's directory while loading (see :mod:`geofl.server.config.fields`), so every
+path a consumer reads from a loaded :class:`RunConfig` is absolute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from geofl.server.config.fields import (
+    Address,
+    DatabaseUrl,
+    ExistingFile,
+    ImportPath,
+    RelativePath,
+    ScalarMap,
+    Section,
+    redact_url,
+    split_address,
+)
+from geofl.server.config.strategy import StrategyConfig
+from pydantic import Field, field_validator, model_validator
+
+__all__ = [
+    "EvaluationConfig",
+    "RunConfig",
+    "RunSection",
+    "ScheduleConfig",
+    "ServerConfig",
+    "SimulationConfig",
+    "StorageConfig",
+    "TlsConfig",
+]
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+#: Keys every simulated client receives in its node config; users may not set them.
+RESERVED_NODE_KEYS = ("partition-id", "num-partitions")
+#: Top-level keys whose ``null`` (an empty ``section:`` line in YAML) means "all defaults".
+_OPTIONAL_SECTIONS = frozenset(
+    {"strategy", "schedule", "round_config", "evaluation", "storage", "server", "simulation"}
+)
+
+
+def _section(description: str) -> Any:
+    """A section that may be left out; validated from ``{}`` so path resolution applies."""
+    return Field(default_factory=dict, validate_default=True, description=description)
+
+
+class RunSection(Section):
+    """Identity and length of the run."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Run name: letters, digits, '_', '.' and '-'. Required.",
+    )
+    rounds: int = Field(default=3, ge=1, description="Number of federated rounds.")
+    seed: int = Field(default=0, ge=0, description="Seed for every random choice the server makes.")
+
+
+class ScheduleConfig(Section):
+    """When rounds start and end."""
+
+    mode: Literal["sync"] = Field(
+        default="sync", description="Round shape; only synchronous for now."
+    )
+    deadline_s: float = Field(
+        default=600.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Deadline of a round's fit phase, seconds.",
+    )
+    wait_for_clients_s: float = Field(
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "How long selection waits for min_clients connected nodes before the run fails."
+        ),
+    )
+    over_select: float = Field(
+        default=1.0,
+        ge=1,
+        allow_inf_nan=False,
+        description="Select this many times clients_per_round, to absorb dropouts.",
+    )
+
+
+class EvaluationConfig(Section):
+    """Federated and server-side evaluation of the global model."""
+
+    every: int = Field(
+        default=1, ge=0, description="Evaluate on clients every N rounds; 0 = never."
+    )
+    clients: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Clients asked to evaluate; null = strategy.clients_per_round."
+    )
+    server: ImportPath | None = Field(
+        default=None, description="Optional server-side evaluation callable, 'module:attr'."
+    )
+    config: ScalarMap = Field(
+        default_factory=dict, description="Sent to clients with every evaluation task."
+    )
+
+
+class StorageConfig(Section):
+    """Where run records and checkpoints live."""
+
+    url: DatabaseUrl = Field(
+        default="sqlite:///runs/geofl.db",
+        validate_default=True,
+        description="SQLAlchemy database URL; a relative SQLite path is relative to the YAML file.",
+    )
+    checkpoints: RelativePath = Field(
+        default=Path("runs/checkpoints"),
+        validate_default=True,
+        description="Checkpoint directory; relative to the YAML file.",
+    )
+    keep_checkpoints: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Keep only the newest N checkpoints; null = keep all."
+    )
+
+
+class TlsConfig(Section):
+    """Server certificate and key (PEM); both must exist when the file loads."""
+
+    cert: ExistingFile = Field(description="Certificate chain file; relative to the YAML file.")
+    key: ExistingFile = Field(description="Private key file; relative to the YAML file.")
+
+
+class ServerConfig(Section):
+    """The coordinator's endpoint and wire limits."""
+
+    address: Address = Field(
+        default="127.0.0.1:8443", description="Listen address, host:port (IPv6 as [::1]:8443)."
+    )
+    tls: TlsConfig | None = Field(
+        default=None, description="TLS certificate and key; null = plaintext."
+    )
+    heartbeat_interval_s: float = Field(
+        default=5.0, gt=0, allow_inf_nan=False, description="Seconds between client heartbeats."
+    )
+    chunk_bytes: int = Field(
+        default=MIB,
+        ge=64 * KIB,
+        le=4 * MIB - 64 * KIB,
+        description="Tensor chunk size on the wire, bytes (below gRPC's 4 MiB message limit).",
+    )
+    max_model_bytes: int = Field(
+        default=8 * GIB, ge=1, description="Largest model or update accepted, bytes."
+    )
+
+    @property
+    def host(self) -> str:
+        """Host part of :attr:`address` (IPv6 without brackets)."""
+        return split_address(self.address)[0]
+
+    @property
+    def port(self) -> int:
+        """Port part of :attr:`address`."""
+        return split_address(self.address)[1]
+
+
+class SimulationConfig(Section):
+    """Clients simulated on this machine by ``geofl simulate``."""
+
+    clients: int = Field(default=2, ge=1, description="Number of simulated clients.")
+    app: ImportPath | None = Field(
+        default=None, description="Client app each simulated client runs, 'module:attr'."
+    )
+    node_config: ScalarMap = Field(
+        default_factory=dict,
+        description=(
+            "Node config for every simulated client; each also gets partition-id and "
+            "num-partitions."
+        ),
+    )
+
+    @field_validator("node_config")
+    @classmethod
+    def _no_reserved_keys(cls, value: dict[str, Any]) -> dict[str, Any]:
+        taken = [key for key in RESERVED_NODE_KEYS if key in value]
+        if taken:
+            raise ValueError(f"{', '.join(taken)}: set by the simulator for each client")
+        return value
+
+
+class RunConfig(Section):
+    """A whole run: what to train, how to aggregate, where to record it."""
+
+    run: RunSection = Field(description="Run identity and length.")
+    model: ImportPath = Field(
+        description="Callable returning the initial weights (dict of arrays or torch module)."
+    )
+    strategy: StrategyConfig = _section("Aggregation strategy and cohort size.")
+    schedule: ScheduleConfig = _section("Round timing.")
+    round_config: ScalarMap = Field(
+        default_factory=dict, description="Sent to clients with every fit task, e.g. {lr: 0.05}."
+    )
+    evaluation: EvaluationConfig = _section("Evaluation of the global model.")
+    storage: StorageConfig = _section("Database and checkpoint locations.")
+    server: ServerConfig = _section("Coordinator endpoint, TLS and wire limits.")
+    simulation: SimulationConfig = _section("Simulated clients for geofl simulate.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_sections_are_defaults(cls, data: Any) -> Any:
+        """``evaluation:`` with every key commented out parses as null: use the defaults."""
+        if not isinstance(data, dict):
+            return data
+        return {
+            key: {} if value is None and key in _OPTIONAL_SECTIONS else value
+            for key, value in data.items()
+        }
+
+    @property
+    def evaluation_clients(self) -> int:
+        """Clients asked to evaluate each time: ``evaluation.clients`` or the fit cohort."""
+        if self.evaluation.clients is None:
+            return self.strategy.clients_per_round
+        return self.evaluation.clients
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe, fully defaulted copy for storing with the run (passwords redacted)."""
+        data = self.model_dump(mode="json")
+        data["storage"]["url"] = redact_url(self.storage.url)
+        return data
+
+    def config_sha256(self) -> str:
+        """SHA-256 of :meth:`to_dict` as canonical JSON (sorted keys, no spaces)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
