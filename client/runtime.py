@@ -21,7 +21,7 @@ import numpy as np
 
 from geofl.client.app import Client, ClientContext
 from geofl.client.connection import Connection, ServerUnavailable, Session, default_node_name
-from geofl.protocols.errors import GeoflError, RunFinishedError, SessionError, TaskError
+from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, scalar_map
 from geofl.protocols.tensors import check_matches, spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
@@ -138,7 +138,9 @@ class ClientRuntime:
             if task.kind in (pb.TASK_KIND_FIT, pb.TASK_KIND_EVALUATE):
                 try:
                     self._handle(task)
-                except (TaskError, RunFinishedError) as exc:
+                except SessionError:
+                    raise
+                except GeoflError as exc:  # refused result: recorded server-side; go on
                     log.warning("task %d not accepted: %s", task.task_id, exc)
         return False
 

@@ -61,6 +61,10 @@ class ProtocolError(GeoflError):
     error_code = ErrorCode.MALFORMED_MESSAGE
 
 
+class TruncatedStreamError(ProtocolError):
+    """A tensor stream ended early: the peer went away or stopped mid-upload."""
+
+
 class TensorError(ProtocolError):
     """Tensors that do not match the model's specification."""
 
@@ -131,5 +135,6 @@ __all__ = [
     "SessionError",
     "TaskError",
     "TensorError",
+    "TruncatedStreamError",
     "error_from_details",
 ]

@@ -14,7 +14,13 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols.errors import ChecksumError, NonFiniteError, ProtocolError, TensorError
+from geofl.protocols.errors import (
+    ChecksumError,
+    NonFiniteError,
+    ProtocolError,
+    TensorError,
+    TruncatedStreamError,
+)
 from geofl.protocols.tensors import ModelSpec, TensorSpec
 from geofl.protocols.types import Scalar, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -255,10 +261,10 @@ class Assembler:
     def finish(self) -> ModelSpec:
         """Check the stream ended cleanly; return the received specification."""
         if self._spec is not None:
-            raise ProtocolError(f"stream ended inside tensor {self._spec.name!r}")
+            raise TruncatedStreamError(f"stream ended inside tensor {self._spec.name!r}")
         if self._expected is not None and len(self._received) != len(self._expected):
             missing = [t.name for t in self._expected[len(self._received) :]]
-            raise TensorError(f"stream ended before tensors {missing}")
+            raise TruncatedStreamError(f"stream ended before tensors {missing}")
         return tuple(self._received)
 
 

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 import grpc
 
 from geofl.protocols import serde
-from geofl.protocols.errors import ErrorCode, GeoflError, ProtocolError, TaskError
+from geofl.protocols.errors import (
+    ErrorCode,
+    GeoflError,
+    ProtocolError,
+    TaskError,
+    TruncatedStreamError,
+)
 from geofl.protocols.tensors import ModelSpec, model_bytes
 from geofl.protocols.types import Scalar, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -229,6 +235,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
         try:
             outcome = await self._receive(task, header, messages)
+        except TruncatedStreamError as exc:
+            task.settle(Outcome("dropped", f"upload ended early (client disconnected?): {exc}"))
+            raise
         except GeoflError as exc:
             task.settle(Outcome("rejected", str(exc)))
             raise

@@ -1,0 +1,229 @@
+"""Content-addressed model checkpoints in safetensors files.
+
+A checkpoint is one ``<sha256>.safetensors`` file holding the global model and, under
+the ``__state__/`` prefix, any extra tensors the server needs to resume (a server
+optimizer's moments, error-feedback state). The database stores the file's relative
+path, digest and size; loading verifies both, so a truncated or bit-flipped file is
+reported instead of silently resuming from garbage. Files are written atomically
+(temporary file, fsync, rename), so a crash never leaves a half-written checkpoint
+under its final name. No pickle is involved anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import safetensors.numpy
+from geofl.protocols.types import Weights, WeightsView
+from geofl.storage.errors import CheckpointCorruptError
+from safetensors import SafetensorError, safe_open
+
+if TYPE_CHECKING:
+    from geofl.storage.models import Checkpoint
+
+__all__ = ["STATE_PREFIX", "CheckpointRecord", "CheckpointStore"]
+
+#: Name prefix of extra (non-model) tensors inside a checkpoint file.
+STATE_PREFIX = "__state__/"
+_ORDER_KEY = "geofl.order"
+_FORMAT_KEY = "geofl.format"
+_FORMAT = "1"
+_SUFFIX = ".safetensors"
+_CHUNK = 1 << 20
+_DTYPES = frozenset(
+    np.dtype(name)
+    for name in (
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+    )
+)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """Where a checkpoint lives and what it must hash to.
+
+    Attributes
+    ----------
+    path:
+        File name relative to the store's directory.
+    sha256:
+        Hex SHA-256 of the whole file.
+    size_bytes:
+        File size in bytes.
+    num_tensors:
+        Model tensors plus extra-state tensors in the file.
+    """
+
+    path: str
+    sha256: str
+    size_bytes: int
+    num_tensors: int
+
+    @classmethod
+    def from_row(cls, row: Checkpoint) -> CheckpointRecord:
+        """Build a record from a ``checkpoints`` table row."""
+        return cls(row.path, row.sha256, row.size_bytes, row.num_tensors)
+
+
+class CheckpointStore:
+    """Saves and loads checkpoints in one directory (created on first save).
+
+    Parameters
+    ----------
+    directory:
+        Folder holding the ``<sha256>.safetensors`` files.
+    """
+
+    def __init__(self, directory: Path | str) -> None:
+        self.directory = Path(directory)
+
+    def save(
+        self, run_id: int, round: int, weights: WeightsView, extra: WeightsView | None = None
+    ) -> CheckpointRecord:
+        """Write ``weights`` (and ``extra`` state) to one file and return its record.
+
+        ``run_id`` and ``round`` are kept in the file's metadata so an orphaned file
+        can still be traced. Arrays are not modified.
+
+        Raises
+        ------
+        ValueError
+            A tensor has an unsupported dtype, or a name collides with the state prefix.
+        """
+        tensors = _flatten(weights, extra or {})
+        metadata = {
+            _FORMAT_KEY: _FORMAT,
+            _ORDER_KEY: json.dumps(list(tensors)),
+            "geofl.run_id": str(run_id),
+            "geofl.round": str(round),
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        temporary = self.directory / f".tmp-{uuid.uuid4().hex}{_SUFFIX}"
+        try:
+            safetensors.numpy.save_file(tensors, temporary, metadata=metadata)
+            _fsync_file(temporary)
+            digest, size = _digest(temporary)
+            final = self.directory / f"{digest}{_SUFFIX}"
+            os.replace(temporary, final)
+        finally:
+            temporary.unlink(missing_ok=True)
+        _fsync_directory(self.directory)
+        return CheckpointRecord(final.name, digest, size, len(tensors))
+
+    def load(self, record: CheckpointRecord) -> tuple[Weights, Weights]:
+        """Read a checkpoint after verifying its size and SHA-256.
+
+        Returns
+        -------
+        tuple
+            ``(weights, extra)``, each in the order given to :meth:`save`; ``extra`` is
+            empty if none was saved.
+
+        Raises
+        ------
+        CheckpointCorruptError
+            The file is missing, has the wrong size or digest, or cannot be parsed.
+        """
+        path = self.path_of(record)
+        if not path.is_file():
+            raise CheckpointCorruptError(str(path), "file is missing")
+        digest, size = _digest(path)
+        if size != record.size_bytes:
+            reason = f"size is {size} bytes, recorded {record.size_bytes}"
+            raise CheckpointCorruptError(str(path), reason)
+        if digest != record.sha256:
+            raise CheckpointCorruptError(
+                str(path), f"SHA-256 is {digest}, recorded {record.sha256}"
+            )
+        try:
+            return _read(path)
+        except (SafetensorError, ValueError, KeyError) as exc:
+            raise CheckpointCorruptError(str(path), f"unreadable: {exc}") from exc
+
+    def path_of(self, record: CheckpointRecord) -> Path:
+        """Absolute location of a record's file; refuses paths that leave the directory."""
+        relative = Path(record.path)
+        if relative.is_absolute() or ".." in relative.parts:
+            raise CheckpointCorruptError(record.path, "path is outside the checkpoint directory")
+        return self.directory / relative
+
+
+def _flatten(weights: WeightsView, extra: WeightsView) -> dict[str, np.ndarray]:
+    tensors: dict[str, np.ndarray] = {}
+    for name, array in weights.items():
+        if name.startswith(STATE_PREFIX):
+            raise ValueError(f"tensor name {name!r} uses the reserved prefix {STATE_PREFIX!r}")
+        tensors[name] = _prepare(name, array)
+    for name, array in extra.items():
+        tensors[STATE_PREFIX + name] = _prepare(STATE_PREFIX + name, array)
+    return tensors
+
+
+def _prepare(name: str, array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    native = array.dtype.newbyteorder("=")
+    if native not in _DTYPES:
+        raise ValueError(f"tensor {name!r} has unsupported dtype {array.dtype}")
+    # safetensors writes raw little-endian, C-ordered bytes.  ascontiguousarray turns a
+    # 0-d array into shape (1,), so the shape is put back.
+    return np.ascontiguousarray(array, dtype=native.newbyteorder("<")).reshape(array.shape)
+
+
+def _read(path: Path) -> tuple[Weights, Weights]:
+    with safe_open(path, framework="np") as handle:
+        metadata = handle.metadata() or {}
+    if metadata.get(_FORMAT_KEY) != _FORMAT:
+        raise ValueError(f"not a geofl checkpoint (format {metadata.get(_FORMAT_KEY)!r})")
+    order: list[str] = json.loads(metadata[_ORDER_KEY])
+    loaded = safetensors.numpy.load_file(path)
+    if sorted(order) != sorted(loaded):
+        raise ValueError("tensor names do not match the recorded order")
+    weights: Weights = {}
+    extra: Weights = {}
+    for name in order:
+        if name.startswith(STATE_PREFIX):
+            extra[name.removeprefix(STATE_PREFIX)] = loaded[name]
+        else:
+            weights[name] = loaded[name]
+    return weights, extra
+
+
+def _digest(path: Path) -> tuple[str, int]:
+    sha = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            sha.update(chunk)
+            size += len(chunk)
+    return sha.hexdigest(), size
+
+
+def _fsync_file(path: Path) -> None:
+    with path.open("rb+") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,55 @@
+"""A numpy-only app for integration tests; behaviour chosen per node by node config.
+
+Node config ``behaviour``: ``ok`` (default), ``wrong-shape``, ``raise``, ``slow``
+(sleeps ``delay_s`` seconds in fit).  Every client adds ``1 + partition-id`` to the
+float tensors and reports ``10 * (partition-id + 1)`` examples, so the aggregate of
+a round is known exactly.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from geofl.client.app import Client, ClientContext
+from geofl.protocols.types import Config, Metrics, Weights, WeightsView
+
+
+def make_model() -> Weights:
+    return {
+        "w": np.zeros((4, 3), np.float32),
+        "b": np.zeros(3, np.float32),
+        "steps": np.zeros((), np.int64),
+    }
+
+
+def server_evaluate(weights: WeightsView) -> tuple[float, dict[str, float]]:
+    return float(np.abs(weights["w"]).mean()), {"w_mean": float(weights["w"].mean())}
+
+
+class ScriptedClient(Client):
+    def __init__(self, partition: int, behaviour: str, delay_s: float) -> None:
+        self.partition = partition
+        self.behaviour = behaviour
+        self.delay_s = delay_s
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        if self.behaviour == "raise":
+            raise ValueError("deliberate failure in fit")
+        if self.behaviour == "slow":
+            time.sleep(self.delay_s)
+        out = {k: v + (1 + self.partition) if v.dtype.kind == "f" else v + 1
+               for k, v in parameters.items()}
+        if self.behaviour == "wrong-shape":
+            out["w"] = np.zeros((5, 3), np.float32)
+        return out, 10 * (self.partition + 1), {"train_loss": float(self.partition)}
+
+    def evaluate(self, parameters: Weights, config: Config) -> tuple[float, int, Metrics]:
+        return float(parameters["w"].mean()), 5, {"accuracy": 0.5 + 0.1 * self.partition}
+
+
+def client_app(context: ClientContext) -> Client:
+    node = context.node_config
+    return ScriptedClient(int(node.get("partition-id", 0)), str(node.get("behaviour", "ok")),
+                      float(node.get("delay_s", 1.0)))

@@ -1,0 +1,112 @@
+"""Harness for integration tests: a real coordinator on loopback gRPC, real clients.
+
+The coordinator runs on its own event loop in a thread; clients run the real
+runtime in threads (or as processes in the CLI tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from geofl.client.app import load_client_app
+from geofl.client.runtime import ClientOptions, ClientRuntime
+from geofl.server.config import RunConfig, parse_config
+from geofl.server.coordinator import Coordinator, RunResult
+
+APPS = Path(__file__).parent / "apps"
+
+
+@pytest.fixture(autouse=True)
+def _test_apps_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(APPS))
+
+
+def run_config(tmp_path: Path, **sections: Any) -> RunConfig:
+    """A small run of the test app with its database and checkpoints under ``tmp_path``."""
+    data: dict[str, Any] = {
+        "run": {"name": "itest", "rounds": 2, "seed": 1},
+        "model": "geofl_testapp:make_model",
+        "strategy": {"name": "fedavg", "clients_per_round": 3, "min_clients": 2},
+        "schedule": {"deadline_s": 20, "wait_for_clients_s": 20},
+        "evaluation": {"every": 1, "server": "geofl_testapp:server_evaluate"},
+        "storage": {"url": f"sqlite:///{tmp_path / 'geofl.db'}",
+                    "checkpoints": str(tmp_path / "ckpt")},
+        "server": {"address": "127.0.0.1:0", "heartbeat_interval_s": 0.5},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_config(data, source="itest")
+
+
+@dataclass
+class ServerHandle:
+    coordinator: Coordinator
+    port: int
+    result: Future[RunResult]
+    clients: list[threading.Thread] = field(default_factory=list)
+    runtimes: list[ClientRuntime] = field(default_factory=list)
+    errors: list[BaseException] = field(default_factory=list)
+
+    def add_client(self, partition: int, **node_config: Any) -> ClientRuntime:
+        options = ClientOptions(
+            server=f"127.0.0.1:{self.port}", node_name=f"node-{partition}",
+            node_config={"partition-id": partition, **node_config}, reconnect_for_s=10,
+        )
+        runtime = ClientRuntime(options, load_client_app("geofl_testapp:client_app"))
+
+        def serve() -> None:
+            try:
+                runtime.run()
+            except BaseException as exc:  # surfaced by wait()
+                self.errors.append(exc)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        self.clients.append(thread)
+        self.runtimes.append(runtime)
+        return runtime
+
+    def wait(self, timeout: float = 60) -> RunResult:
+        result = self.result.result(timeout=timeout)
+        for thread in self.clients:
+            thread.join(timeout=15)
+            assert not thread.is_alive(), "a client did not exit after the run"
+        assert not self.errors, self.errors
+        return result
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    """``serve(config)`` starts a coordinator in a thread; returns a :class:`ServerHandle`."""
+    loops: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
+
+    def start(config: RunConfig) -> ServerHandle:
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        loops.append((loop, thread))
+
+        async def boot() -> tuple[Coordinator, int]:
+            coordinator = Coordinator(config)
+            return coordinator, await coordinator.start()
+
+        coordinator, port = asyncio.run_coroutine_threadsafe(boot(), loop).result(30)
+        result = asyncio.run_coroutine_threadsafe(coordinator.run(), loop)
+        return ServerHandle(coordinator, port, result)  # type: ignore[arg-type]
+
+    yield start
+    for loop, thread in loops:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
