@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from geofl.protocols import serde
-from geofl.protocols.errors import ChecksumError, NonFiniteError, ProtocolError, TensorError
+from geofl.protocols.errors import (
+    ChecksumError,
+    NonFiniteError,
+    ProtocolError,
+    TensorError,
+    TruncatedStreamError,
+)
 from geofl.protocols.tensors import SUPPORTED_DTYPES, TensorSpec, check_matches, spec_of
 from geofl.protocols.v1 import geofl_pb2 as pb
 
@@ -81,7 +87,7 @@ def test_reordered_or_missing_chunks_are_rejected() -> None:
     chunks = _chunks(W)
     with pytest.raises(ProtocolError, match="offset"):
         _feed_all([chunks[0], chunks[2], chunks[1], *chunks[3:]], spec_of(W))
-    with pytest.raises(ProtocolError, match="stream ended"):
+    with pytest.raises(TruncatedStreamError, match="stream ended"):
         _feed_all(chunks[:-1], spec_of(W))
 
 
