@@ -195,6 +195,7 @@ class Coordinator:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SHUTDOWN_GRACE_S
         while loop.time() < deadline:
+            self.registry.expire()
             waiting = {s.node_id for s in self.registry.online()}
             if waiting <= self.registry.shutdown_delivered:
                 break

@@ -1,1 +1,3 @@
-"""geofl."""
+"""Alembic environment and revisions for geofl's schema (run via geofl.storage.database)."""
+
+__all__: list[str] = []

@@ -1,0 +1,300 @@
+"""Opening the database: engines, sessions, and Alembic migrations run from code.
+
+``open_database(url)`` is what the server calls on start: it checks that the database
+is reachable (raising one clear :class:`StorageUnavailableError` if not), configures
+SQLite for a long-lived coordinator (WAL, ``synchronous=NORMAL``, foreign keys, a busy
+timeout, ``BEGIN IMMEDIATE`` transactions), and applies migrations up to head.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from geofl.storage.errors import DatabaseURLError, StorageError, StorageUnavailableError
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import StaticPool
+
+__all__ = [
+    "MIGRATIONS_DIR",
+    "Database",
+    "alembic_config",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "open_database",
+    "redact_url",
+    "upgrade",
+]
+
+#: Folder of the Alembic environment shipped inside the package.
+MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
+#: How long a SQLite writer waits for another writer's lock before failing.
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: How long a PostgreSQL connection attempt may take before it counts as unreachable.
+POSTGRES_CONNECT_TIMEOUT_S = 10
+
+_T = TypeVar("_T")
+
+
+class Database:
+    """An engine plus a session factory: the handle the server keeps for its lifetime.
+
+    Parameters
+    ----------
+    engine:
+        A configured engine, normally built by :func:`open_database`.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # Objects stay readable after commit: callers use returned rows (ids, numbers)
+        # once the unit of work is over.
+        self.sessionmaker = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        """The database URL with the password replaced by ``***``."""
+        return redact_url(self.engine.url)
+
+    @property
+    def dialect(self) -> str:
+        """The backend name: ``"sqlite"`` or ``"postgresql"``."""
+        return self.engine.dialect.name
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """Run one unit of work in one transaction: commit on success, roll back on error.
+
+        A lost connection or a lock that never frees is raised as
+        :class:`StorageUnavailableError`.
+        """
+        try:
+            with self.sessionmaker.begin() as session:
+                yield session
+        except (OperationalError, InterfaceError) as exc:
+            raise StorageUnavailableError(self.url, _one_line(exc, self.engine.url)) from exc
+
+    def close(self) -> None:
+        """Close all pooled connections."""
+        self.engine.dispose()
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def redact_url(url: str | URL) -> str:
+    """Render a database URL with its password hidden, for messages and logs."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return "<unparseable database URL>"
+    return parsed.render_as_string(hide_password=True)
+
+
+def open_database(url: str, *, migrate: bool = True, echo: bool = False) -> Database:
+    """Connect to ``url``, check it is reachable, and (by default) migrate it to head.
+
+    Parameters
+    ----------
+    url:
+        A SQLAlchemy URL, e.g. ``sqlite:///runs/geofl.db`` (relative to the working
+        directory; its folder is created) or ``postgresql+psycopg://user:pw@host/db``.
+    migrate:
+        Apply pending Alembic migrations. The server does; read-only tools may not.
+    echo:
+        Log every SQL statement (debugging).
+
+    Raises
+    ------
+    DatabaseURLError
+        The URL is malformed or its driver is unknown or not installed.
+    StorageUnavailableError
+        The database cannot be reached, authenticated to, or created.
+    """
+    parsed = _parse_url(url)
+    engine = _create_engine(parsed, echo=echo)
+    database = Database(engine)
+    try:
+        with engine.connect() as connection:
+            connection.rollback()
+    except DBAPIError as exc:
+        engine.dispose()
+        raise StorageUnavailableError(database.url, _one_line(exc, parsed)) from exc
+    if migrate:
+        upgrade(database)
+    return database
+
+
+def _parse_url(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        # The message would echo the URL, password included: say what is expected instead.
+        raise DatabaseURLError(
+            "not a database URL; expected e.g. sqlite:///runs/geofl.db or "
+            "postgresql+psycopg://user:password@host:5432/geofl"
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        _ensure_sqlite_directory(parsed)
+    return parsed
+
+
+def _ensure_sqlite_directory(url: URL) -> None:
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("uri") == "true":
+        return
+    parent = Path(database).expanduser().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        reason = f"cannot create directory {parent}: {exc.strerror or exc}"
+        raise StorageUnavailableError(redact_url(url), reason) from exc
+
+
+def _create_engine(url: URL, *, echo: bool) -> Engine:
+    kwargs: dict[str, Any] = {"echo": echo}
+    backend = url.get_backend_name()
+    if backend == "sqlite" and (url.database or ":memory:") == ":memory:":
+        # One shared connection, or each pooled connection would see its own empty database.
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    elif backend == "postgresql":
+        kwargs["pool_pre_ping"] = True
+        if "connect_timeout" not in url.query:
+            kwargs["connect_args"] = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_S}
+    try:
+        engine = create_engine(url, **kwargs)
+    except ImportError as exc:
+        raise DatabaseURLError(
+            f"the driver for {redact_url(url)} is not installed ({exc.name or exc}); "
+            "geofl supports sqlite:/// and postgresql+psycopg:// (pip install 'geofl[postgres]')"
+        ) from exc
+    except ArgumentError as exc:
+        raise DatabaseURLError(
+            f"unsupported database URL {redact_url(url)}: {_first_line(str(exc))}"
+        ) from exc
+    if backend == "sqlite":
+        event.listen(engine, "connect", _configure_sqlite_connection)
+        event.listen(engine, "begin", _begin_immediate)
+    return engine
+
+
+def _configure_sqlite_connection(dbapi_connection: Any, connection_record: Any) -> None:
+    # Take over transaction control from the sqlite3 module so that BEGIN (below) covers
+    # reads and DDL too, and SAVEPOINT works.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = NORMAL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+    finally:
+        cursor.close()
+
+
+def _begin_immediate(connection: Connection) -> None:
+    # IMMEDIATE takes the write lock up front (waiting up to the busy timeout), so a
+    # transaction that reads then writes never fails on a stale WAL snapshot.
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _one_line(exc: DBAPIError, url: URL) -> str:
+    """The driver's own message on one line, with any password scrubbed."""
+    message = " ".join(str(exc.orig if exc.orig is not None else exc).split())
+    if url.password:
+        message = message.replace(str(url.password), "***")
+    return message or type(exc).__name__
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Build the Alembic configuration in code; no ``alembic.ini`` is needed.
+
+    Parameters
+    ----------
+    connection:
+        Run migrations on this connection (inside its transaction) instead of opening
+        one from ``sqlalchemy.url``.
+    """
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option("file_template", "%%(rev)s_%%(slug)s")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def _on_connection(target: str | Database, action: Callable[[Connection], _T]) -> _T:
+    database = target if isinstance(target, Database) else open_database(target, migrate=False)
+    try:
+        with database.engine.begin() as connection:
+            return action(connection)
+    finally:
+        if database is not target:
+            database.close()
+
+
+def upgrade(target: str | Database, revision: str = "head") -> None:
+    """Apply migrations up to ``revision`` (default: the newest) in one transaction.
+
+    Raises
+    ------
+    StorageError
+        The database was migrated by a newer geofl (its revision is unknown here).
+    """
+    _on_connection(target, lambda conn: _migrate(conn, command.upgrade, revision))
+
+
+def downgrade(target: str | Database, revision: str) -> None:
+    """Revert migrations down to ``revision`` (``"base"`` removes every table)."""
+    _on_connection(target, lambda conn: _migrate(conn, command.downgrade, revision))
+
+
+def _migrate(connection: Connection, step: Callable[[Config, str], None], revision: str) -> None:
+    config = alembic_config(connection)
+    known = {script.revision for script in ScriptDirectory.from_config(config).walk_revisions()}
+    current = MigrationContext.configure(connection).get_current_revision()
+    if current is not None and current not in known:
+        raise StorageError(
+            f"database {redact_url(connection.engine.url)} is at schema revision {current}, "
+            f"which this geofl does not know (newest here: {head_revision()}); "
+            "upgrade geofl or use another database"
+        )
+    step(config, revision)
+
+
+def current_revision(target: str | Database) -> str | None:
+    """The revision the database is at, or ``None`` if it was never migrated."""
+    return _on_connection(
+        target, lambda conn: MigrationContext.configure(conn).get_current_revision()
+    )
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this version of geofl."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:
+        raise RuntimeError(f"no migrations found under {MIGRATIONS_DIR}")
+    return head

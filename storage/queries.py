@@ -1,0 +1,56 @@
+"""Query functions for the coordinator's state, all taking an explicit session first.
+
+Every function takes the caller's :class:`~sqlalchemy.orm.Session` and neither commits
+nor rolls back: the caller decides what one unit of work is
+(``with database.session() as session: ...``). Committing a round is one such unit: the
+checkpoint row, the round's totals and the run's ``last_committed_round`` change
+together or not at all.
+
+Timestamps default to the current UTC time; a simulation on a virtual clock passes
+``now=`` (aware datetimes only). Status, phase and kind arguments take the enums in
+:mod:`geofl.storage.models` or their string values. Read queries return frozen records
+(:mod:`geofl.storage.records`) with ``to_dict()``; writes return the ORM rows, which stay
+readable after the session ends.
+
+The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds` and
+:mod:`~geofl.storage.reports`; this module is the one place to import them from.
+"""
+
+from __future__ import annotations
+
+from geofl.storage.reports import get_run, latest_checkpoint, list_runs, run_detail
+from geofl.storage.rounds import (
+    commit_round,
+    fail_round,
+    record_participation,
+    set_round_phase,
+    start_round,
+)
+from geofl.storage.runs import (
+    add_event,
+    create_run,
+    find_resumable_run,
+    finish_run,
+    mark_node,
+    mark_run_nodes,
+    upsert_node,
+)
+
+__all__ = [
+    "add_event",
+    "commit_round",
+    "create_run",
+    "fail_round",
+    "find_resumable_run",
+    "finish_run",
+    "get_run",
+    "latest_checkpoint",
+    "list_runs",
+    "mark_node",
+    "mark_run_nodes",
+    "record_participation",
+    "run_detail",
+    "set_round_phase",
+    "start_round",
+    "upsert_node",
+]

@@ -1,0 +1,120 @@
+"""Read-only records returned by the query functions (and printed by ``geofl runs``).
+
+They are frozen dataclasses rather than ORM rows so a caller can keep them after the
+session closes and cannot change the database by accident. ``to_dict()`` gives plain
+JSON values: datetimes as ISO 8601 strings, nested records as dicts and lists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+__all__ = ["ParticipationRecord", "RoundSummary", "RunDetail", "RunSummary"]
+
+
+def _plain(value: object) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {
+            field.name: _plain(getattr(value, field.name)) for field in dataclasses.fields(value)
+        }
+    if isinstance(value, tuple | list):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return value
+
+
+class _JSONRecord:
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict of this record (datetimes as ISO strings)."""
+        result: dict[str, Any] = _plain(self)
+        return result
+
+
+@dataclass(frozen=True)
+class RunSummary(_JSONRecord):
+    """One line of ``geofl runs list``: a run and its totals."""
+
+    id: int
+    name: str
+    status: str
+    config_sha256: str
+    rounds_planned: int
+    last_committed_round: int
+    simulated_clock: bool
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    error: str | None
+    num_nodes: int
+    bytes_up: int
+    bytes_down: int
+
+
+@dataclass(frozen=True)
+class RoundSummary(_JSONRecord):
+    """A round's outcome: counts, traffic, losses, metrics and phase timings."""
+
+    id: int
+    number: int
+    status: str
+    phase: str
+    started_at: datetime
+    finished_at: datetime | None
+    duration_s: float | None
+    cohort_target: int
+    num_selected: int
+    num_succeeded: int
+    num_failed: int
+    bytes_up: int
+    bytes_down: int
+    train_loss: float | None
+    fit_metrics: dict[str, Any]
+    eval_loss: float | None
+    eval_metrics: dict[str, Any]
+    server_eval_loss: float | None
+    server_eval_metrics: dict[str, Any]
+    phase_durations: dict[str, Any]
+    checkpoint_id: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ParticipationRecord(_JSONRecord):
+    """One task attempt, with the round number and the node's name and region."""
+
+    id: int
+    round_id: int
+    round_number: int
+    node_id: int
+    node_name: str
+    node_region: str | None
+    task_id: int
+    kind: str
+    attempt: int
+    status: str
+    reason: str | None
+    num_examples: int
+    bytes_up: int
+    bytes_down: int
+    compute_s: float | None
+    duration_s: float | None
+    loss: float | None
+    metrics: dict[str, Any]
+    started_at: datetime
+    finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunDetail(_JSONRecord):
+    """Everything ``geofl runs show`` prints: the run, its config, rounds and tasks."""
+
+    run: RunSummary
+    config: dict[str, Any]
+    rounds: tuple[RoundSummary, ...]
+    participations: tuple[ParticipationRecord, ...]
