@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from geofl.client.app import ClientAppError, load_client_app
-from geofl.client.runtime import ClientOptions, ClientRuntime, GaveUp
+from geofl.client.runtime import ClientOptions, ClientRuntime, GaveUpError
 from geofl.protocols.errors import ErrorCode, GeoflError
 from geofl.protocols.types import Scalar
 
@@ -53,18 +53,40 @@ def parse_node_config(items: Sequence[str]) -> dict[str, Scalar]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The client's options (shared by ``geofl client`` and ``python -m geofl.client``)."""
-    parser.add_argument("--server", required=True, metavar="HOST:PORT",
-                        help="address of the coordinator (or of a regional relay)")
-    parser.add_argument("--app", required=True, metavar="MODULE:ATTR",
-                        help="client app: a Client, a Client subclass, or a factory(context)")
+    parser.add_argument(
+        "--server",
+        required=True,
+        metavar="HOST:PORT",
+        help="address of the coordinator (or of a regional relay)",
+    )
+    parser.add_argument(
+        "--app",
+        required=True,
+        metavar="MODULE:ATTR",
+        help="client app: a Client, a Client subclass, or a factory(context)",
+    )
     parser.add_argument("--region", help="region this client is in (used for scheduling)")
-    parser.add_argument("--node-config", nargs="*", default=[], metavar="KEY=VALUE",
-                        help="node configuration passed to the app, e.g. partition-id=0")
+    parser.add_argument(
+        "--node-config",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="node configuration passed to the app, e.g. partition-id=0",
+    )
     parser.add_argument("--name", help="stable node name (default: host-pid)")
-    parser.add_argument("--root-certificates", type=Path, metavar="PEM",
-                        help="CA certificate(s) to verify the server's TLS certificate")
-    parser.add_argument("--reconnect-for", type=float, default=300.0, metavar="SECONDS",
-                        help="give up after the server was unreachable this long (default 300)")
+    parser.add_argument(
+        "--root-certificates",
+        type=Path,
+        metavar="PEM",
+        help="CA certificate(s) to verify the server's TLS certificate",
+    )
+    parser.add_argument(
+        "--reconnect-for",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="give up after the server was unreachable this long (default 300)",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
 
 
@@ -85,15 +107,19 @@ def run(args: argparse.Namespace) -> int:
     except ClientAppError as exc:
         print(f"geofl client: error: {exc}", file=sys.stderr)
         return EXIT_USER_CODE
-    options = ClientOptions(server=args.server, region=args.region, node_config=node_config,
-                            root_certificates=args.root_certificates,
-                            reconnect_for_s=args.reconnect_for)
+    options = ClientOptions(
+        server=args.server,
+        region=args.region,
+        node_config=node_config,
+        root_certificates=args.root_certificates,
+        reconnect_for_s=args.reconnect_for,
+    )
     if args.name:
         options.node_name = args.name
     runtime = ClientRuntime(options, factory)
     try:
         runtime.run()
-    except GaveUp as exc:
+    except GaveUpError as exc:
         print(f"geofl client: error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
     except KeyboardInterrupt:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import socket
 import os
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +20,7 @@ PROTOCOL_VERSIONS = (1,)
 SESSION_METADATA_KEY = "geofl-session"
 
 
-class ServerUnavailable(Exception):
+class ServerUnavailableError(Exception):
     """The server cannot be reached right now (retry with backoff)."""
 
 
@@ -48,9 +48,12 @@ def translate(error: grpc.RpcError) -> Exception:
     specific = error_from_details(details)
     if specific is not None:
         return specific
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                grpc.StatusCode.CANCELLED):
-        return ServerUnavailable(f"{code.name if code else 'error'}: {details}")
+    if code in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
+        return ServerUnavailableError(f"{code.name if code else 'error'}: {details}")
     return GeoflError(f"server error {code.name if code else '?'}: {details}")
 
 
@@ -68,7 +71,7 @@ class Connection:
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
-        self._stub = pb_grpc.CoordinatorStub(self._channel)
+        self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call]
         self._token = ""
 
     def close(self) -> None:
@@ -91,14 +94,19 @@ class Connection:
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         self._token = reply.session_token
-        return Session(reply.node_id, reply.session_token, reply.heartbeat_interval_s,
-                       reply.run_id, reply.run_name, serde.scalar_map(reply.run_config))
+        return Session(
+            reply.node_id,
+            reply.session_token,
+            reply.heartbeat_interval_s,
+            reply.run_id,
+            reply.run_name,
+            serde.scalar_map(reply.run_config),
+        )
 
     def heartbeat(self, timeout: float) -> None:
         """Tell the server we are alive."""
         try:
-            self._stub.Heartbeat(pb.HeartbeatRequest(), metadata=self._metadata(),
-                                 timeout=timeout)
+            self._stub.Heartbeat(pb.HeartbeatRequest(), metadata=self._metadata(), timeout=timeout)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
 
@@ -107,7 +115,8 @@ class Connection:
         try:
             task: pb.Task = self._stub.GetTask(
                 pb.GetTaskRequest(poll_timeout_s=poll_timeout_s),
-                metadata=self._metadata(), timeout=poll_timeout_s + 10.0,
+                metadata=self._metadata(),
+                timeout=poll_timeout_s + 10.0,
             )
         except grpc.RpcError as exc:
             raise translate(exc) from exc
@@ -121,7 +130,8 @@ class Connection:
         try:
             for chunk in self._stub.Download(
                 pb.DownloadRequest(task_id=task.task_id, model_version=task.model_version),
-                metadata=self._metadata(), timeout=timeout,
+                metadata=self._metadata(),
+                timeout=timeout,
             ):
                 assembler.feed(chunk)
                 received += chunk.ByteSize()
@@ -131,7 +141,10 @@ class Connection:
         return dict(sink.weights), received
 
     def submit(
-        self, header: pb.UploadHeader, tensors: WeightsView | None, chunk_bytes: int,
+        self,
+        header: pb.UploadHeader,
+        tensors: WeightsView | None,
+        chunk_bytes: int,
         timeout: float | None,
     ) -> int:
         """Stream a result; returns the bytes sent.  Raises if the server refuses it."""
@@ -158,4 +171,4 @@ class Connection:
         return sent
 
 
-__all__ = ["Connection", "ServerUnavailable", "Session", "default_node_name", "translate"]
+__all__ = ["Connection", "ServerUnavailableError", "Session", "default_node_name", "translate"]

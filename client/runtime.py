@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from geofl.client.app import Client, ClientContext
-from geofl.client.connection import Connection, ServerUnavailable, Session, default_node_name
+from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, scalar_map
 from geofl.protocols.tensors import check_matches, spec_of
@@ -47,7 +47,7 @@ class ClientOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
 
 
-class GaveUp(Exception):
+class GaveUpError(Exception):
     """The server stayed unreachable for longer than ``reconnect_for_s``."""
 
 
@@ -63,11 +63,11 @@ class Backoff:
         self._since: float | None = None
 
     def wait(self, reason: str) -> None:
-        """Sleep before the next attempt, or raise :class:`GaveUp`."""
+        """Sleep before the next attempt, or raise :class:`GaveUpError`."""
         now = time.monotonic()
         self._since = self._since or now
         if now - self._since > self._budget:
-            raise GaveUp(f"server unreachable for {now - self._since:.0f} s: {reason}")
+            raise GaveUpError(f"server unreachable for {now - self._since:.0f} s: {reason}")
         delay = self._rng.uniform(0, min(self._cap, self._base * 2**self._attempt))
         self._attempt += 1
         time.sleep(delay)
@@ -76,9 +76,7 @@ class Backoff:
 class ClientRuntime:
     """Drives one client app against one server until the run is over."""
 
-    def __init__(
-        self, options: ClientOptions, factory: Callable[[ClientContext], Client]
-    ) -> None:
+    def __init__(self, options: ClientOptions, factory: Callable[[ClientContext], Client]) -> None:
         self._opt = options
         self._factory = factory
         self._client: Client | None = None
@@ -91,9 +89,13 @@ class ClientRuntime:
         self.tasks_done = 0
 
     def run(self) -> None:
-        """Serve tasks until SHUTDOWN; raise :class:`GaveUp` if the server never comes back."""
-        backoff = Backoff(self._opt.backoff_base_s, self._opt.backoff_max_s,
-                          self._opt.reconnect_for_s, random.Random())
+        """Serve tasks until SHUTDOWN; raise :class:`GaveUpError` if the server never comes back."""
+        backoff = Backoff(
+            self._opt.backoff_base_s,
+            self._opt.backoff_max_s,
+            self._opt.reconnect_for_s,
+            random.Random(),
+        )
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="geofl-heartbeat")
         beat.start()
         try:
@@ -103,7 +105,7 @@ class ClientRuntime:
                     backoff.reset()
                     if self._serve():
                         return
-                except ServerUnavailable as exc:
+                except ServerUnavailableError as exc:
                     log.info("server unavailable (%s); retrying", exc)
                     backoff.wait(str(exc))
                 except SessionError:
@@ -120,9 +122,12 @@ class ClientRuntime:
         log.info("joined run %s as node %d", self.session.run_name, self.session.node_id)
         if self._context is None:
             self._context = ClientContext(
-                node_id=self.session.node_id, node_name=self._opt.node_name,
-                region=self._opt.region, node_config=dict(self._opt.node_config),
-                run_config=dict(self.session.run_config), state={},
+                node_id=self.session.node_id,
+                node_name=self._opt.node_name,
+                region=self._opt.region,
+                node_config=dict(self._opt.node_config),
+                run_config=dict(self.session.run_config),
+                state={},
             )
         self._context.node_id = self.session.node_id
         if self._client is None:
@@ -152,7 +157,7 @@ class ClientRuntime:
                 self._conn.heartbeat(timeout=5.0)
             except SessionError:
                 self._rejoin.set()
-            except (ServerUnavailable, GeoflError):
+            except (ServerUnavailableError, GeoflError):
                 pass
 
     # ----------------------------------------------------------- tasks
@@ -227,4 +232,4 @@ def _fill_metrics(header: pb.UploadHeader, metrics: dict[str, Scalar]) -> None:
         header.loss = float(loss)
 
 
-__all__ = ["Backoff", "ClientOptions", "ClientRuntime", "GaveUp"]
+__all__ = ["Backoff", "ClientOptions", "ClientRuntime", "GaveUpError"]

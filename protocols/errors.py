@@ -21,7 +21,11 @@ class ErrorCode(enum.Enum):
     UNKNOWN_TASK = ("E102", grpc.StatusCode.NOT_FOUND, "task is not assigned to this node")
     TASK_EXPIRED = ("E103", grpc.StatusCode.DEADLINE_EXCEEDED, "the task's deadline has passed")
     MALFORMED_MESSAGE = ("E104", grpc.StatusCode.INVALID_ARGUMENT, "malformed message")
-    TENSOR_MISMATCH = ("E105", grpc.StatusCode.INVALID_ARGUMENT, "tensor names/shapes/dtypes differ")
+    TENSOR_MISMATCH = (
+        "E105",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tensor names/shapes/dtypes differ",
+    )
     NON_FINITE = ("E106", grpc.StatusCode.INVALID_ARGUMENT, "tensor holds NaN or Inf values")
     CHECKSUM = ("E107", grpc.StatusCode.DATA_LOSS, "chunk checksum mismatch")
     TOO_LARGE = ("E108", grpc.StatusCode.RESOURCE_EXHAUSTED, "message or model exceeds limits")

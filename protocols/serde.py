@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,7 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 #: Default payload per chunk: far below gRPC's 4 MiB message limit.
 DEFAULT_CHUNK_BYTES = 1 << 20
 
-_DTYPE_TO_PROTO: dict[str, int] = {
+_DTYPE_TO_PROTO: dict[str, pb.DType] = {
     "float32": pb.DTYPE_FLOAT32,
     "float64": pb.DTYPE_FLOAT64,
     "float16": pb.DTYPE_FLOAT16,
@@ -39,10 +39,10 @@ _DTYPE_TO_PROTO: dict[str, int] = {
     "uint8": pb.DTYPE_UINT8,
     "bool": pb.DTYPE_BOOL,
 }
-_PROTO_TO_DTYPE = {value: key for key, value in _DTYPE_TO_PROTO.items()}
+_PROTO_TO_DTYPE: dict[int, str] = {int(v): k for k, v in _DTYPE_TO_PROTO.items()}
 
 
-def dtype_to_proto(dtype: str) -> int:
+def dtype_to_proto(dtype: str) -> pb.DType:
     """The wire enum of a numpy dtype name."""
     try:
         return _DTYPE_TO_PROTO[dtype]
@@ -90,7 +90,7 @@ def scalar_from_proto(message: pb.Scalar) -> Scalar:
 def fill_scalar_map(target: Mapping[str, pb.Scalar], values: Mapping[str, Scalar]) -> None:
     """Copy ``values`` into a protobuf ``map<string, Scalar>`` field."""
     for key, value in values.items():
-        target[key].CopyFrom(scalar_to_proto(value))  # type: ignore[index]
+        target[key].CopyFrom(scalar_to_proto(value))
 
 
 def scalar_map(source: Mapping[str, pb.Scalar]) -> dict[str, Scalar]:
@@ -105,7 +105,8 @@ def _wire_bytes(array: npt.NDArray[np.generic]) -> memoryview:
     """Contiguous little-endian bytes of ``array`` without copying when possible."""
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    return memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+    flat: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return memoryview(flat)
 
 
 def iter_chunks(
@@ -222,9 +223,9 @@ class Assembler:
         itemsize = np.dtype(spec.dtype).itemsize
         if end > spec.nbytes or (not chunk.last and len(data) % itemsize):
             raise ProtocolError(f"tensor {spec.name!r}: chunk of {len(data)} bytes does not fit")
-        if self._check_finite and np.dtype(spec.dtype).kind == "f":
-            if not np.isfinite(np.frombuffer(data, dtype=spec.dtype)).all():
-                raise NonFiniteError(f"tensor {spec.name!r} holds NaN or Inf values")
+        finite_checked = self._check_finite and np.dtype(spec.dtype).kind == "f"
+        if finite_checked and not np.isfinite(np.frombuffer(data, dtype=spec.dtype)).all():
+            raise NonFiniteError(f"tensor {spec.name!r} holds NaN or Inf values")
         self._sink.write(data)
         self._offset = end
         if chunk.last:

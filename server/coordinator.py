@@ -71,7 +71,7 @@ def engine_settings(config: RunConfig) -> EngineSettings:
         wait_for_clients_s=config.schedule.wait_for_clients_s,
         round_config=dict(config.round_config),
         evaluate_every=ev.every,
-        evaluate_clients=ev.clients if ev.clients is not None else config.strategy.clients_per_round,
+        evaluate_clients=config.evaluation_clients,
         evaluate_config=dict(ev.config),
         seed=config.run.seed,
     )
@@ -130,12 +130,16 @@ class Coordinator:
 
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", 8 << 20),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ])
-        pb_grpc.add_CoordinatorServicer_to_server(CoordinatorServicer(self._state), server)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 8 << 20),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ]
+        )
+        pb_grpc.add_CoordinatorServicer_to_server(  # type: ignore[no-untyped-call]
+            CoordinatorServicer(self._state), server
+        )
         address = self.config.server.address
         tls = self.config.server.tls
         try:
@@ -163,11 +167,18 @@ class Coordinator:
             await self.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
         engine = RoundEngine(
-            engine_settings(self.config), self.registry, self.strategy, self._state.models,
+            engine_settings(self.config),
+            self.registry,
+            self.strategy,
+            self._state.models,
             DatabaseRecorder(self.db, self.store, self.run_id),
-            start_round=self.start_round, global_weights=self.weights,
-            server_evaluate=(load_server_evaluate(self.config.evaluation.server)
-                             if self.config.evaluation.server else None),
+            start_round=self.start_round,
+            global_weights=self.weights,
+            server_evaluate=(
+                load_server_evaluate(self.config.evaluation.server)
+                if self.config.evaluation.server
+                else None
+            ),
             on_round_end=self._on_round_end,
         )
         reaper = asyncio.create_task(self._reap())

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import random
@@ -64,7 +65,7 @@ _NEXT: dict[Phase, frozenset[Phase]] = {
 }
 
 
-class RoundFailed(Exception):
+class RoundFailedError(Exception):
     """The round cannot complete; the reason is recorded and the run goes on."""
 
 
@@ -160,7 +161,7 @@ class RoundEngine:
             self._recorder.round_started(number, self._cfg.clients_per_round)
             try:
                 await self._round(record)
-            except RoundFailed as failure:
+            except RoundFailedError as failure:
                 log.warning("round %d failed: %s", number, failure)
                 self._recorder.round_failed(record, str(failure))
                 self._on_round_end(record, f"failed: {failure}")
@@ -176,14 +177,19 @@ class RoundEngine:
         record.selected = [s.node_id for s in cohort]
         clock.enter(Phase.BROADCAST)
         accumulator = self._strategy.begin_round(self.weights)
-        tasks = self._dispatch(cohort, "fit", record.number, record.number - 1,
-                               self._strategy.configure_fit(record.number, self._cfg.round_config))
+        tasks = self._dispatch(
+            cohort,
+            "fit",
+            record.number,
+            record.number - 1,
+            self._strategy.configure_fit(record.number, self._cfg.round_config),
+        )
         await self._until_downloaded(tasks)
         clock.enter(Phase.FIT)
         fit_results = await self._collect(record, tasks, fold=accumulator.add)
         if len(fit_results) < self._cfg.min_clients:
             clock.enter(Phase.FAILED)
-            raise RoundFailed(
+            raise RoundFailedError(
                 f"{len(fit_results)} of {len(tasks)} clients succeeded, "
                 f"min_clients is {self._cfg.min_clients}"
             )
@@ -218,10 +224,8 @@ class RoundEngine:
                     f"{self._cfg.wait_for_clients_s:g} s, {need} needed"
                 )
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
-            except TimeoutError:
-                pass
         target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select))
         available = await self._grace_for_target(available, target, deadline)
         rng = random.Random(self._cfg.seed * 1_000_003 + number)
@@ -237,16 +241,18 @@ class RoundEngine:
         grace_end = min(deadline, time.monotonic() + SELECT_GRACE_S)
         while len(available) < target and time.monotonic() < grace_end:
             self._changed.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), grace_end - time.monotonic())
-            except TimeoutError:
-                pass
             self._registry.expire()
             available = self._registry.available()
         return available
 
     def _dispatch(
-        self, cohort: Sequence[NodeSession], kind: str, number: int, version: int,
+        self,
+        cohort: Sequence[NodeSession],
+        kind: str,
+        number: int,
+        version: int,
         config: dict[str, Scalar],
     ) -> list[TaskRecord]:
         deadline = time.time() + self._cfg.deadline_s
@@ -257,13 +263,11 @@ class RoundEngine:
 
     async def _until_downloaded(self, tasks: Sequence[TaskRecord]) -> None:
         waits = [
-            asyncio.ensure_future(
-                _first(t.downloaded.wait(), asyncio.shield(t.future))
-            )
+            asyncio.ensure_future(_first(t.downloaded.wait(), asyncio.shield(t.future)))
             for t in tasks
         ]
         timeout = max(0.0, min(t.deadline for t in tasks) - time.time()) if tasks else 0.0
-        done, pending = await asyncio.wait(waits, timeout=timeout)
+        _, pending = await asyncio.wait(waits, timeout=timeout)
         for waiter in pending:
             waiter.cancel()
 
@@ -297,9 +301,7 @@ class RoundEngine:
                     successes.append(outcome)
         return successes
 
-    async def _fold(
-        self, fold: Callable[[WeightsView, float], None], outcome: Outcome
-    ) -> Outcome:
+    async def _fold(self, fold: Callable[[WeightsView, float], None], outcome: Outcome) -> Outcome:
         update: SpooledUpdate = outcome.update
         try:
             await asyncio.to_thread(fold, update, float(outcome.num_examples))
@@ -378,6 +380,6 @@ __all__ = [
     "Phase",
     "Recorder",
     "RoundEngine",
-    "RoundFailed",
+    "RoundFailedError",
     "RoundRecord",
 ]

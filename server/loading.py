@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from geofl.protocols.tensors import spec_of
-from geofl.protocols.types import Weights
+from geofl.protocols.types import Scalar, Weights, WeightsView
 
 
 class UserCodeError(Exception):
@@ -59,7 +59,7 @@ def load_initial_weights(spec: str) -> Weights:
     return as_weights(factory(), f"model {spec!r}")
 
 
-def load_server_evaluate(spec: str) -> Callable[[Weights], tuple[float, dict[str, Any]]]:
+def load_server_evaluate(spec: str) -> Callable[[WeightsView], tuple[float, dict[str, Scalar]]]:
     """The optional server-side evaluation callable."""
     function = import_object(spec)
     if not callable(function):
@@ -67,5 +67,10 @@ def load_server_evaluate(spec: str) -> Callable[[Weights], tuple[float, dict[str
     return function  # type: ignore[no-any-return]
 
 
-__all__ = ["UserCodeError", "as_weights", "import_object", "load_initial_weights",
-           "load_server_evaluate"]
+__all__ = [
+    "UserCodeError",
+    "as_weights",
+    "import_object",
+    "load_initial_weights",
+    "load_server_evaluate",
+]

@@ -19,7 +19,10 @@ class DatabaseRecorder(Recorder):
     """Writes what the engine does; the commit is one transaction."""
 
     def __init__(
-        self, db: Database, store: CheckpointStore, run_id: int,
+        self,
+        db: Database,
+        store: CheckpointStore,
+        run_id: int,
     ) -> None:
         self._db = db
         self._store = store
@@ -35,8 +38,12 @@ class DatabaseRecorder(Recorder):
         if phase is Phase.FAILED:
             return
         with self._db.session() as session:
-            queries.set_round_phase(session, self._round_ids[number], phase.value,
-                                    seconds_in_previous_phase=seconds_in_previous)
+            queries.set_round_phase(
+                session,
+                self._round_ids[number],
+                phase.value,
+                seconds_in_previous_phase=seconds_in_previous,
+            )
 
     def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         finished = dt.datetime.now(dt.UTC)

@@ -150,8 +150,14 @@ class Registry:
         self._next_task_id += 1
         loop = asyncio.get_running_loop()
         task = TaskRecord(
-            self._next_task_id, session.node_id, kind, round_number, model_version,
-            config, deadline, loop.create_future(),
+            self._next_task_id,
+            session.node_id,
+            kind,
+            round_number,
+            model_version,
+            config,
+            deadline,
+            loop.create_future(),
         )
         self._tasks[task.task_id] = task
         session.current = task

@@ -63,9 +63,7 @@ class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
         spec, offset = self._layout[name]
         self._file.seek(offset)
         data = self._file.read(spec.nbytes)
-        return np.frombuffer(data, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(
-            spec.shape
-        )
+        return np.frombuffer(data, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.shape)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._layout)

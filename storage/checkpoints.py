@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import safetensors.numpy
+from safetensors import SafetensorError, safe_open
+
 from geofl.protocols.types import Weights, WeightsView
 from geofl.storage.errors import CheckpointCorruptError
-from safetensors import SafetensorError, safe_open
 
 if TYPE_CHECKING:
     from geofl.storage.models import Checkpoint

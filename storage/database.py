@@ -18,11 +18,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from geofl.storage.errors import DatabaseURLError, StorageError, StorageUnavailableError
 from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
+
+from geofl.storage.errors import DatabaseURLError, StorageError, StorageUnavailableError
 
 __all__ = [
     "MIGRATIONS_DIR",

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+from sqlalchemy import ColumnElement, func, select
+from sqlalchemy.orm import Session
+
 from geofl.storage.errors import RunNotFoundError
 from geofl.storage.models import Checkpoint, Node, Participation, Round, Run
 from geofl.storage.records import ParticipationRecord, RoundSummary, RunDetail, RunSummary
-from sqlalchemy import ColumnElement, func, select
-from sqlalchemy.orm import Session
 
 __all__ = ["get_run", "latest_checkpoint", "list_runs", "run_detail"]
 

@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import and_, case, delete, distinct, func, select
+from sqlalchemy.orm import Session
+
 from geofl.storage.checkpoints import CheckpointRecord
 from geofl.storage.errors import RecordNotFoundError, RoundStateError
 from geofl.storage.models import (
@@ -28,8 +31,6 @@ from geofl.storage.runs import add_event
 from geofl.storage.values import aware_now as _now
 from geofl.storage.values import choice
 from geofl.storage.values import json_object as _metrics
-from sqlalchemy import and_, case, delete, distinct, func, select
-from sqlalchemy.orm import Session
 
 __all__ = [
     "commit_round",

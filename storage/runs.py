@@ -10,14 +10,15 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
 from geofl.storage.errors import RecordNotFoundError
 from geofl.storage.models import Event, Node, NodeStatus, Run, RunStatus
 from geofl.storage.reports import get_run
 from geofl.storage.values import aware_now as _now
 from geofl.storage.values import choice, config_digest
 from geofl.storage.values import json_object as _metrics
-from sqlalchemy import select, update
-from sqlalchemy.orm import Session
 
 __all__ = [
     "add_event",

@@ -21,7 +21,7 @@ class ExitCode(enum.IntEnum):
 
 HELP: dict[ExitCode, str] = {
     ExitCode.OK: "success (the run completed; a client was told the run is over)",
-    ExitCode.RUN_FAILED: "the run failed (e.g. too few clients connected in time) or a client failed",
+    ExitCode.RUN_FAILED: "the run failed (too few clients connected in time) or a client failed",
     ExitCode.USAGE: "bad command line or configuration (the message names the key and file line)",
     ExitCode.STORAGE_UNAVAILABLE: "the database cannot be reached or opened",
     ExitCode.ADDRESS_IN_USE: "the listen address cannot be bound (port already in use?)",

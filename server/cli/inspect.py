@@ -32,8 +32,13 @@ def _num(x: float | None, fmt: str = ".4g") -> str:
 
 
 def _metrics(metrics: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in sorted(metrics.items())) or "-"
+    return (
+        " ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in sorted(metrics.items())
+        )
+        or "-"
+    )
 
 
 def runs_table(runs: list[RunSummary]) -> Table:
@@ -42,34 +47,79 @@ def runs_table(runs: list[RunSummary]) -> Table:
     for column in ("id", "name", "status", "rounds", "nodes", "MB up", "MB down", "created"):
         table.add_column(column)
     for r in runs:
-        table.add_row(str(r.id), r.name, r.status, f"{r.last_committed_round}/{r.rounds_planned}",
-                      str(r.num_nodes), _mb(r.bytes_up), _mb(r.bytes_down),
-                      r.created_at.strftime("%Y-%m-%d %H:%M:%S"))
+        table.add_row(
+            str(r.id),
+            r.name,
+            r.status,
+            f"{r.last_committed_round}/{r.rounds_planned}",
+            str(r.num_nodes),
+            _mb(r.bytes_up),
+            _mb(r.bytes_down),
+            r.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
     return table
 
 
 def detail_tables(detail: RunDetail) -> list[Table]:
     """``geofl runs show`` as tables: rounds, then participations."""
     run = detail.run
-    rounds = Table(title=f"run {run.id} '{run.name}': {run.status}"
-                   + (f" ({run.error})" if run.error else ""))
-    for column in ("round", "status", "cohort", "ok/failed", "seconds", "MB up", "MB down",
-                   "train loss", "eval loss", "metrics"):
+    rounds = Table(
+        title=f"run {run.id} '{run.name}': {run.status}" + (f" ({run.error})" if run.error else "")
+    )
+    for column in (
+        "round",
+        "status",
+        "cohort",
+        "ok/failed",
+        "seconds",
+        "MB up",
+        "MB down",
+        "train loss",
+        "eval loss",
+        "metrics",
+    ):
         rounds.add_column(column)
     for r in detail.rounds:
         metrics = {**r.eval_metrics, **{f"server_{k}": v for k, v in r.server_eval_metrics.items()}}
-        rounds.add_row(str(r.number), r.status + (f": {r.error}" if r.error else ""),
-                       f"{r.num_selected}/{r.cohort_target}", f"{r.num_succeeded}/{r.num_failed}",
-                       _num(r.duration_s, ".2f"), _mb(r.bytes_up), _mb(r.bytes_down),
-                       _num(r.train_loss), _num(r.eval_loss), _metrics(metrics))
+        rounds.add_row(
+            str(r.number),
+            r.status + (f": {r.error}" if r.error else ""),
+            f"{r.num_selected}/{r.cohort_target}",
+            f"{r.num_succeeded}/{r.num_failed}",
+            _num(r.duration_s, ".2f"),
+            _mb(r.bytes_up),
+            _mb(r.bytes_down),
+            _num(r.train_loss),
+            _num(r.eval_loss),
+            _metrics(metrics),
+        )
     clients = Table(title="participations")
-    for column in ("round", "node", "region", "kind", "status", "examples", "seconds",
-                   "MB up", "MB down", "reason"):
+    for column in (
+        "round",
+        "node",
+        "region",
+        "kind",
+        "status",
+        "examples",
+        "seconds",
+        "MB up",
+        "MB down",
+        "reason",
+    ):
         clients.add_column(column)
     for p in detail.participations:
-        clients.add_row(str(p.round_number), f"{p.node_id} {p.node_name}", p.node_region or "-",
-                        p.kind, p.status, str(p.num_examples), _num(p.duration_s, ".2f"),
-                        _mb(p.bytes_up), _mb(p.bytes_down), p.reason or "")
+        clients.add_row(
+            str(p.round_number),
+            f"{p.node_id} {p.node_name}",
+            p.node_region or "-",
+            p.kind,
+            p.status,
+            str(p.num_examples),
+            _num(p.duration_s, ".2f"),
+            _mb(p.bytes_up),
+            _mb(p.bytes_down),
+            p.reason or "",
+        )
     return [rounds, clients]
 
 

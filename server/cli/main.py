@@ -18,11 +18,22 @@ DEFAULT_DB = "sqlite:///runs/geofl.db"
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", required=True, type=Path, metavar="RUN.yaml",
-                        help="the run's YAML configuration")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY.PATH=VALUE",
-                        help="override a configuration value, e.g. --set run.rounds=3 (repeatable)")
+    parser.add_argument(
+        "-c",
+        "--config",
+        required=True,
+        type=Path,
+        metavar="RUN.yaml",
+        help="the run's YAML configuration",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a configuration value, e.g. --set run.rounds=3 (repeatable)",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
 
 
@@ -43,42 +54,67 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"geofl {installed}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    server = sub.add_parser("server", help="run the coordinator of a run described in YAML",
-                            description="Serve a run: clients connect with `geofl client`.")
+    server = sub.add_parser(
+        "server",
+        help="run the coordinator of a run described in YAML",
+        description="Serve a run: clients connect with `geofl client`.",
+    )
     _add_config_args(server)
 
-    client = sub.add_parser("client", help="run a client app against a coordinator",
-                            description="Connect to a coordinator and serve its tasks.")
+    client = sub.add_parser(
+        "client",
+        help="run a client app against a coordinator",
+        description="Connect to a coordinator and serve its tasks.",
+    )
     from geofl.client.cli import add_arguments
 
     add_arguments(client)
 
     simulate = sub.add_parser(
-        "simulate", help="run a YAML run with local client processes over loopback gRPC",
+        "simulate",
+        help="run a YAML run with local client processes over loopback gRPC",
         description="Start the coordinator and `simulation.clients` client processes, each "
         "running `simulation.app` with node config partition-id=i num-partitions=N.",
     )
     _add_config_args(simulate)
 
-    runs = sub.add_parser("runs", help="inspect recorded runs",
-                          description="Show runs, rounds and participations from the database.")
+    runs = sub.add_parser(
+        "runs",
+        help="inspect recorded runs",
+        description="Show runs, rounds and participations from the database.",
+    )
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
-    listing = runs_sub.add_parser("list", help="one line per run",
-                                  description="List the runs in the database.")
-    show = runs_sub.add_parser("show", help="a run's rounds and participations",
-                               description="Show one run: rounds, metrics, clients.")
+    listing = runs_sub.add_parser(
+        "list", help="one line per run", description="List the runs in the database."
+    )
+    show = runs_sub.add_parser(
+        "show",
+        help="a run's rounds and participations",
+        description="Show one run: rounds, metrics, clients.",
+    )
     show.add_argument("run_id", type=int, metavar="RUN_ID")
     for p in (listing, show):
-        p.add_argument("--db", default=None, metavar="URL",
-                       help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})")
+        p.add_argument(
+            "--db",
+            default=None,
+            metavar="URL",
+            help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable JSON output")
 
     db = sub.add_parser("db", help="database maintenance", description="Database maintenance.")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
-    upgrade = db_sub.add_parser("upgrade", help="apply migrations up to the latest schema",
-                                description="Apply the schema migrations (Alembic) to head.")
-    upgrade.add_argument("--db", default=None, metavar="URL",
-                         help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})")
+    upgrade = db_sub.add_parser(
+        "upgrade",
+        help="apply migrations up to the latest schema",
+        description="Apply the schema migrations (Alembic) to head.",
+    )
+    upgrade.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})",
+    )
     return parser
 
 

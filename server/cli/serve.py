@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.config import ConfigError, RunConfig, load_config
+from geofl.server.config import ConfigError, ConfigProblem, RunConfig, load_config
 from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.engine import RoundRecord
 from geofl.server.loading import UserCodeError
@@ -24,8 +24,9 @@ _CLIENT_EXIT_WAIT_S = 30.0
 
 
 def _fmt_metrics(metrics: dict[str, object]) -> str:
-    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                    for k, v in sorted(metrics.items()))
+    return " ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted(metrics.items())
+    )
 
 
 def round_reporter(rounds: int) -> Callable[[RoundRecord, str], None]:
@@ -34,8 +35,10 @@ def round_reporter(rounds: int) -> Callable[[RoundRecord, str], None]:
     def report(record: RoundRecord, status: str) -> None:
         ok = sum(1 for _, o in record.outcomes if o.status == "ok")
         seconds = sum(record.phase_durations.values())
-        parts = [f"round {record.number}/{rounds} {status} in {seconds:.2f} s",
-                 f"{ok}/{len(record.outcomes)} tasks ok"]
+        parts = [
+            f"round {record.number}/{rounds} {status} in {seconds:.2f} s",
+            f"{ok}/{len(record.outcomes)} tasks ok",
+        ]
         if record.train_loss is not None:
             parts.append(f"train_loss={record.train_loss:.4g}")
         if record.eval_metrics:
@@ -52,9 +55,21 @@ def client_command(config: RunConfig, port: int, index: int) -> list[str]:
     sim = config.simulation
     node_config = {**sim.node_config, "partition-id": index, "num-partitions": sim.clients}
     pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
-    return [sys.executable, "-m", "geofl.client", "--server", f"127.0.0.1:{port}",
-            "--app", str(sim.app), "--name", f"sim-{index}", "--reconnect-for", "60",
-            "--node-config", *pairs]
+    return [
+        sys.executable,
+        "-m",
+        "geofl.client",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--app",
+        str(sim.app),
+        "--name",
+        f"sim-{index}",
+        "--reconnect-for",
+        "60",
+        "--node-config",
+        *pairs,
+    ]
 
 
 async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
@@ -62,13 +77,20 @@ async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int
     clients: list[subprocess.Popen[bytes]] = []
     try:
         port = await coordinator.start()
-        console.print(f"geofl: run [bold]{config.run.name}[/] (id {coordinator.run_id}) "
-                      f"listening on port {port}"
-                      + (f", resuming after round {coordinator.start_round - 1}"
-                         if coordinator.start_round > 1 else ""))
+        console.print(
+            f"geofl: run [bold]{config.run.name}[/] (id {coordinator.run_id}) "
+            f"listening on port {port}"
+            + (
+                f", resuming after round {coordinator.start_round - 1}"
+                if coordinator.start_round > 1
+                else ""
+            )
+        )
         if simulate:
-            clients = [subprocess.Popen(client_command(config, port, i))
-                       for i in range(config.simulation.clients)]
+            clients = [
+                subprocess.Popen(client_command(config, port, i))
+                for i in range(config.simulation.clients)
+            ]
         result = await coordinator.run()
         codes = [await asyncio.to_thread(_wait, p) for p in clients]
         return result, codes
@@ -88,26 +110,41 @@ def _wait(process: subprocess.Popen[bytes]) -> int:
         return process.wait()
 
 
-def _check_simulation(config: RunConfig) -> None:
+def _check_simulation(config: RunConfig, source: str) -> None:
     if not config.simulation.app:
-        raise ConfigError("simulation.app: required by `geofl simulate` (the client app, "
-                          "module:attr)")
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    source,
+                    "simulation.app",
+                    "required by `geofl simulate` (the client app, module:attr)",
+                )
+            ]
+        )
     if config.simulation.clients < config.strategy.min_clients:
         raise ConfigError(
-            f"simulation.clients ({config.simulation.clients}) is below strategy.min_clients "
-            f"({config.strategy.min_clients}): no round could ever complete"
+            [
+                ConfigProblem(
+                    source,
+                    "simulation.clients",
+                    f"{config.simulation.clients} is below strategy.min_clients "
+                    f"({config.strategy.min_clients}): no round could ever complete",
+                )
+            ]
         )
 
 
 def run_serve(args: argparse.Namespace) -> int:
     """Run ``geofl server`` or ``geofl simulate``; returns the exit code."""
-    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(args.verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     simulate = args.command == "simulate"
     try:
         config = load_config(args.config, args.overrides)
         if simulate:
-            _check_simulation(config)
+            _check_simulation(config, str(args.config))
         result, codes = _run_until_signal(config, simulate)
     except ConfigError as exc:
         return _fail(ExitCode.USAGE, str(exc))
@@ -118,8 +155,11 @@ def run_serve(args: argparse.Namespace) -> int:
     except UserCodeError as exc:
         return _fail(ExitCode.USER_CODE, str(exc))
     except KeyboardInterrupt:
-        return _fail(ExitCode.INTERRUPTED, "interrupted; the run stays resumable "
-                     "(start again with the same configuration and database)")
+        return _fail(
+            ExitCode.INTERRUPTED,
+            "interrupted; the run stays resumable "
+            "(start again with the same configuration and database)",
+        )
     return _report(result, codes)
 
 
@@ -136,8 +176,11 @@ def _report(result: RunResult, codes: Sequence[int]) -> int:
     if bad:
         listed = ", ".join(f"client {i} exited {c}" for i, c in bad)
         return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} completed but {listed}")
-    console.print(f"geofl: run {result.run_id} completed; see "
-                  f"`geofl runs show {result.run_id} --db {result.db_url}`", markup=False)
+    console.print(
+        f"geofl: run {result.run_id} completed; see "
+        f"`geofl runs show {result.run_id} --db {result.db_url}`",
+        markup=False,
+    )
     return ExitCode.OK
 
 

@@ -10,13 +10,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
+from pydantic import ValidationError
+
 from geofl.server.config.errors import ConfigError, ConfigProblem
 from geofl.server.config.fields import BASE_DIR_KEY
 from geofl.server.config.messages import validation_problems
 from geofl.server.config.models import RunConfig
 from geofl.server.config.overrides import Override, apply_overrides, parse_override
 from geofl.server.config.yamlsource import duplicate_keys, line_of, parse_yaml
-from pydantic import ValidationError
 
 __all__ = ["load_config", "parse_config"]
 

@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
 from geofl.server.config.errors import ConfigProblem
 from geofl.server.config.models import RunConfig
 from geofl.server.config.overrides import Override
-from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
 
 __all__ = ["validation_problems"]
 

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+from pydantic import Field, field_validator, model_validator
+
 from geofl.server.config.fields import (
     Address,
     DatabaseUrl,
@@ -25,7 +27,6 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.strategy import StrategyConfig
-from pydantic import Field, field_validator, model_validator
 
 __all__ = [
     "EvaluationConfig",

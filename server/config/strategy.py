@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Union
 
-from geofl.server.config.fields import Section
 from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
+
+from geofl.server.config.fields import Section
 
 __all__ = [
     "DEFAULT_STRATEGY",

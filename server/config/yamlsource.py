@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 import yaml
+
 from geofl.server.config.errors import ConfigError, ConfigProblem
 
 __all__ = ["dump_scalar", "duplicate_keys", "line_of", "parse_value", "parse_yaml"]

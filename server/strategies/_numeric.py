@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
 from geofl.server.strategies.errors import StrategyError
 
 F64Array = npt.NDArray[np.float64]

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
+
 from geofl.protocols.types import Config
 from geofl.server.strategies._numeric import F64Array
 from geofl.server.strategies.server_opt import ServerOptStrategy, check_range

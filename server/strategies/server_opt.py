@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
+
 from geofl.protocols.types import Config, Weights, WeightsView
 from geofl.server.strategies._numeric import F64Array, add_integer, is_integer, to_dtype
 from geofl.server.strategies.base import Strategy

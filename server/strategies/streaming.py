@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
 from geofl.protocols.types import Weights, WeightsView
 from geofl.server.strategies._numeric import F64Array, delta_dtype, to_dtype
 from geofl.server.strategies.errors import StrategyError, UpdateRejected

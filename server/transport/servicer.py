@@ -53,7 +53,7 @@ class ServerState:
     models: dict[int, WeightsView] = field(default_factory=dict)
 
 
-class _Abort(Exception):
+class _AbortError(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
         super().__init__(details)
         self.code = code
@@ -66,13 +66,13 @@ def _translated() -> Iterator[None]:
     try:
         yield
     except GeoflError as exc:
-        raise _Abort(exc.code.status, exc.wire_details()) from exc
-    except (asyncio.CancelledError, _Abort):
+        raise _AbortError(exc.code.status, exc.wire_details()) from exc
+    except (asyncio.CancelledError, _AbortError):
         raise
     except Exception as exc:
         log.exception("internal error in RPC handler")
         internal = GeoflError("internal server error", code=ErrorCode.INTERNAL)
-        raise _Abort(grpc.StatusCode.INTERNAL, internal.wire_details()) from exc
+        raise _AbortError(grpc.StatusCode.INTERNAL, internal.wire_details()) from exc
 
 
 def _token(context: grpc.aio.ServicerContext[object, object]) -> str | None:
@@ -94,7 +94,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             with _translated():
                 return self._join(request)
-        except _Abort as abort:
+        except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise  # unreachable: abort raises
 
@@ -131,10 +131,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             with _translated():
                 self._s.registry.session(_token(context))
-                return pb.HeartbeatReply(
-                    heartbeat_interval_s=self._s.registry.heartbeat_interval_s
-                )
-        except _Abort as abort:
+                return pb.HeartbeatReply(heartbeat_interval_s=self._s.registry.heartbeat_interval_s)
+        except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
 
@@ -146,7 +144,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 session = self._s.registry.session(_token(context))
                 timeout = min(max(request.poll_timeout_s, 0.0), _MAX_POLL_S)
                 return await self._next_task(session, timeout)
-        except _Abort as abort:
+        except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
 
@@ -201,7 +199,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                         f"model version {request.model_version} is not available",
                         code=ErrorCode.MODEL_UNAVAILABLE,
                     )
-        except _Abort as abort:
+        except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
         for chunk in serde.iter_chunks(weights, self._s.chunk_bytes):
@@ -218,7 +216,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             with _translated():
                 session = self._s.registry.session(_token(context))
                 return await self._submit(session, request_iterator)
-        except _Abort as abort:
+        except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
 
@@ -260,8 +258,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if task.kind == "evaluate":
             if header.update_kind != pb.UPDATE_KIND_NONE:
                 raise ProtocolError("an evaluation result carries no tensors")
-            return Outcome("ok", num_examples=int(header.num_examples), loss=loss,
-                           metrics=metrics, compute_s=header.compute_s or None)
+            return Outcome(
+                "ok",
+                num_examples=int(header.num_examples),
+                loss=loss,
+                metrics=metrics,
+                compute_s=header.compute_s or None,
+            )
         if header.update_kind != pb.UPDATE_KIND_DELTA:
             raise ProtocolError("a fit result must carry a DELTA update")
         if header.num_examples <= 0:
@@ -279,10 +282,20 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except BaseException:
             sink.discard()
             raise
-        return Outcome("ok", num_examples=int(header.num_examples), loss=loss, metrics=metrics,
-                       update=sink.update(), compute_s=header.compute_s or None,
-                       bytes_up=received)
+        return Outcome(
+            "ok",
+            num_examples=int(header.num_examples),
+            loss=loss,
+            metrics=metrics,
+            update=sink.update(),
+            compute_s=header.compute_s or None,
+            bytes_up=received,
+        )
 
 
-__all__ = ["SESSION_METADATA_KEY", "SUPPORTED_PROTOCOL_VERSIONS", "CoordinatorServicer",
-           "ServerState"]
+__all__ = [
+    "SESSION_METADATA_KEY",
+    "SUPPORTED_PROTOCOL_VERSIONS",
+    "CoordinatorServicer",
+    "ServerState",
+]

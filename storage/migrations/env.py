@@ -8,9 +8,10 @@ its SQLite settings. Without one, ``sqlalchemy.url`` from the configuration is o
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
+
 from geofl.storage.database import open_database
 from geofl.storage.models import Base
-from sqlalchemy import Connection
 
 config = context.config
 # For autogenerate only: migrations themselves never import the models.

@@ -37,8 +37,10 @@ def run_config(tmp_path: Path, **sections: Any) -> RunConfig:
         "strategy": {"name": "fedavg", "clients_per_round": 3, "min_clients": 2},
         "schedule": {"deadline_s": 20, "wait_for_clients_s": 20},
         "evaluation": {"every": 1, "server": "geofl_testapp:server_evaluate"},
-        "storage": {"url": f"sqlite:///{tmp_path / 'geofl.db'}",
-                    "checkpoints": str(tmp_path / "ckpt")},
+        "storage": {
+            "url": f"sqlite:///{tmp_path / 'geofl.db'}",
+            "checkpoints": str(tmp_path / "ckpt"),
+        },
         "server": {"address": "127.0.0.1:0", "heartbeat_interval_s": 0.5},
     }
     for key, value in sections.items():
@@ -60,8 +62,10 @@ class ServerHandle:
 
     def add_client(self, partition: int, **node_config: Any) -> ClientRuntime:
         options = ClientOptions(
-            server=f"127.0.0.1:{self.port}", node_name=f"node-{partition}",
-            node_config={"partition-id": partition, **node_config}, reconnect_for_s=10,
+            server=f"127.0.0.1:{self.port}",
+            node_name=f"node-{partition}",
+            node_config={"partition-id": partition, **node_config},
+            reconnect_for_s=10,
         )
         runtime = ClientRuntime(options, load_client_app("geofl_testapp:client_app"))
 

@@ -31,9 +31,14 @@ def _fit_task(conn: Connection) -> pb.Task:
 
 
 def _header(task: pb.Task) -> pb.UploadHeader:
-    return pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1,
-                           status=pb.RESULT_STATUS_OK, update_kind=pb.UPDATE_KIND_DELTA,
-                           num_examples=10)
+    return pb.UploadHeader(
+        task_id=task.task_id,
+        round=task.round,
+        attempt=1,
+        status=pb.RESULT_STATUS_OK,
+        update_kind=pb.UPDATE_KIND_DELTA,
+        num_examples=10,
+    )
 
 
 def _raw_client(port: int, name: str, act: Any, errors: list[BaseException]) -> threading.Thread:
@@ -54,8 +59,11 @@ def _raw_client(port: int, name: str, act: Any, errors: list[BaseException]) -> 
     return thread
 
 
-GOOD = {"w": np.ones((4, 3), np.float32), "b": np.ones(3, np.float32),
-        "steps": np.ones((), np.int64)}
+GOOD = {
+    "w": np.ones((4, 3), np.float32),
+    "b": np.ones(3, np.float32),
+    "steps": np.ones((), np.int64),
+}
 
 
 @pytest.mark.parametrize(
@@ -72,14 +80,22 @@ GOOD = {"w": np.ones((4, 3), np.float32), "b": np.ones(3, np.float32),
 def test_server_rejects_bad_updates_and_records_why(
     tmp_path: Path, serve: Any, tensors: dict[str, np.ndarray], error: type, reason: str
 ) -> None:
-    config = run_config(tmp_path, run={"rounds": 1}, evaluation={"every": 0},
-                        strategy={"clients_per_round": 3, "min_clients": 2})
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 3, "min_clients": 2},
+    )
     server = serve(config)
     server.add_client(0)
     server.add_client(1)
     errors: list[BaseException] = []
-    raw = _raw_client(server.port, "evil",
-                      lambda conn, task: conn.submit(_header(task), tensors, 1 << 16, 10), errors)
+    raw = _raw_client(
+        server.port,
+        "evil",
+        lambda conn, task: conn.submit(_header(task), tensors, 1 << 16, 10),
+        errors,
+    )
     result = server.wait()
     raw.join(10)
     assert len(errors) == 1 and isinstance(errors[0], error), errors
@@ -95,8 +111,12 @@ def test_server_rejects_bad_updates_and_records_why(
 def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
     tmp_path: Path, serve: Any
 ) -> None:
-    config = run_config(tmp_path, run={"rounds": 1}, evaluation={"every": 0},
-                        strategy={"clients_per_round": 3, "min_clients": 2})
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 3, "min_clients": 2},
+    )
     server = serve(config)
     server.add_client(0)
     server.add_client(1)
@@ -129,16 +149,21 @@ def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
 
 
 def test_unknown_session_and_task_are_refused(tmp_path: Path, serve: Any) -> None:
-    config = run_config(tmp_path, run={"rounds": 1}, evaluation={"every": 0},
-                        strategy={"clients_per_round": 2, "min_clients": 2})
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+    )
     server = serve(config)
     conn = Connection(f"127.0.0.1:{server.port}")
     with pytest.raises(SessionError):
         conn.get_task(0.1)
     session = conn.join("probe", None, {}, timeout=5)
     assert session.node_id > 0
-    bogus = pb.UploadHeader(task_id=12345, status=pb.RESULT_STATUS_OK,
-                            update_kind=pb.UPDATE_KIND_DELTA, num_examples=1)
+    bogus = pb.UploadHeader(
+        task_id=12345, status=pb.RESULT_STATUS_OK, update_kind=pb.UPDATE_KIND_DELTA, num_examples=1
+    )
     with pytest.raises(GeoflError) as refused:
         conn.submit(bogus, GOOD, 1 << 16, 5)
     assert refused.value.code is ErrorCode.UNKNOWN_TASK
@@ -149,8 +174,12 @@ def test_unknown_session_and_task_are_refused(tmp_path: Path, serve: Any) -> Non
 
 
 def test_protocol_version_mismatch_is_a_clear_error(tmp_path: Path, serve: Any) -> None:
-    config = run_config(tmp_path, run={"rounds": 1}, evaluation={"every": 0},
-                        strategy={"clients_per_round": 1, "min_clients": 1})
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 1, "min_clients": 1},
+    )
     server = serve(config)
     channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
     stub = pb_grpc.CoordinatorStub(channel)

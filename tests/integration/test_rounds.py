@@ -56,8 +56,9 @@ def test_fedavg_rounds_aggregate_exactly_and_are_recorded(tmp_path: Path, serve:
 def test_failing_and_mismatched_clients_are_recorded_and_the_round_goes_on(
     tmp_path: Path, serve: Any
 ) -> None:
-    config = run_config(tmp_path, strategy={"clients_per_round": 4, "min_clients": 2},
-                        evaluation={"every": 0})
+    config = run_config(
+        tmp_path, strategy={"clients_per_round": 4, "min_clients": 2}, evaluation={"every": 0}
+    )
     server = serve(config)
     server.add_client(0)
     server.add_client(1)
@@ -78,8 +79,9 @@ def test_failing_and_mismatched_clients_are_recorded_and_the_round_goes_on(
 
 
 def test_round_fails_cleanly_below_min_clients(tmp_path: Path, serve: Any) -> None:
-    config = run_config(tmp_path, strategy={"clients_per_round": 2, "min_clients": 2},
-                        evaluation={"every": 0})
+    config = run_config(
+        tmp_path, strategy={"clients_per_round": 2, "min_clients": 2}, evaluation={"every": 0}
+    )
     server = serve(config)
     server.add_client(0)
     server.add_client(1, behaviour="raise")
@@ -93,8 +95,9 @@ def test_round_fails_cleanly_below_min_clients(tmp_path: Path, serve: Any) -> No
 
 
 def test_straggler_past_the_deadline_is_recorded_late(tmp_path: Path, serve: Any) -> None:
-    config = run_config(tmp_path, run={"rounds": 1}, evaluation={"every": 0},
-                        schedule={"deadline_s": 1.5})
+    config = run_config(
+        tmp_path, run={"rounds": 1}, evaluation={"every": 0}, schedule={"deadline_s": 1.5}
+    )
     server = serve(config)
     server.add_client(0)
     server.add_client(1)

@@ -9,8 +9,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-TOP = {"protocols": "geofl.protocols", "storage": "geofl.storage", "server": "geofl.server",
-       "client": "geofl.client"}
+TOP = {
+    "protocols": "geofl.protocols",
+    "storage": "geofl.storage",
+    "server": "geofl.server",
+    "client": "geofl.client",
+}
 # Which of our top-level packages each may import (architecture §1).
 ALLOWED = {
     "geofl.protocols": set(),

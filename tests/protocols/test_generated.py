@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_generated_code_is_up_to_date() -> None:
     result = subprocess.run(
         [sys.executable, str(ROOT / "protocols" / "generate.py"), "--check"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == 0, result.stderr + result.stdout
 

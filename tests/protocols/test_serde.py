@@ -65,8 +65,9 @@ def _chunks(weights: dict[str, np.ndarray], chunk: int = 16) -> list[pb.TensorCh
     return list(serde.iter_chunks(weights, chunk))
 
 
-def _feed_all(chunks: list[pb.TensorChunk], expected: tuple[TensorSpec, ...] | None,
-              **kw: object) -> None:
+def _feed_all(
+    chunks: list[pb.TensorChunk], expected: tuple[TensorSpec, ...] | None, **kw: object
+) -> None:
     assembler = serde.Assembler(serde.ArraySink(), expected, **kw)  # type: ignore[arg-type]
     for chunk in chunks:
         assembler.feed(chunk)
@@ -92,9 +93,11 @@ def test_reordered_or_missing_chunks_are_rejected() -> None:
 
 
 def test_wrong_shape_dtype_or_name_is_rejected() -> None:
-    for bad in ({"a": np.arange(11, dtype=np.float32), "b": W["b"]},
-                {"a": np.arange(10, dtype=np.float64), "b": W["b"]},
-                {"x": W["a"], "b": W["b"]}):
+    for bad in (
+        {"a": np.arange(11, dtype=np.float32), "b": W["b"]},
+        {"a": np.arange(10, dtype=np.float64), "b": W["b"]},
+        {"x": W["a"], "b": W["b"]},
+    ):
         with pytest.raises(TensorError, match="expected"):
             _feed_all(_chunks(bad), spec_of(W))
     with pytest.raises(TensorError, match="extra"):
@@ -132,8 +135,13 @@ def test_check_matches_names_the_difference() -> None:
         check_matches(spec_of(W), {"a": W["a"], "b": np.zeros((2, 3), np.int64)})
 
 
-scalars = st.one_of(st.booleans(), st.integers(-(2**63), 2**63 - 1),
-                    st.floats(allow_nan=False), st.text(), st.binary())
+scalars = st.one_of(
+    st.booleans(),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.text(),
+    st.binary(),
+)
 
 
 @given(st.dictionaries(st.text(), scalars))

@@ -8,6 +8,8 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
+
 from geofl.server.config import (
     STRATEGY_CONFIGS,
     ConfigError,
@@ -17,7 +19,6 @@ from geofl.server.config import (
     parse_config,
     redact_url,
 )
-from pydantic import ValidationError
 
 MINIMAL = "run: {name: demo}\nmodel: pkg.task:make_model\n"
 

@@ -6,11 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import geofl.server.config as config_pkg
 import pytest
+from pydantic import BaseModel
+
+import geofl.server.config as config_pkg
 from geofl.server.config import STRATEGY_CONFIGS, RunConfig
 from geofl.server.config.docs import render_markdown
-from pydantic import BaseModel
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 REGENERATE = "python -m geofl.server.config.docs > docs/configuration.md"

@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from geofl.server.config import (
     ConfigError,
     FedProxConfig,
@@ -13,8 +16,6 @@ from geofl.server.config import (
     load_config,
     parse_override,
 )
-from hypothesis import given
-from hypothesis import strategies as st
 
 MINIMAL = "run: {name: demo}\nmodel: pkg.task:make_model\n"
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from geofl.server.strategies import make_strategy
 
 with warnings.catch_warnings():  # flwr's import chain trips deprecation warnings (click)

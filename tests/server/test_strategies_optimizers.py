@@ -10,6 +10,9 @@ import hypothesis.extra.numpy as hnp
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from geofl.protocols.types import Scalar
 from geofl.server.strategies import (
     FedAdagrad,
@@ -21,8 +24,6 @@ from geofl.server.strategies import (
     ServerOptStrategy,
     StrategyError,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 Array = npt.NDArray[Any]
 SETTINGS = settings(max_examples=30, deadline=None)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import geofl.server.strategies as strategies
 import numpy as np
 import pytest
+
+import geofl.server.strategies as strategies
 from geofl.server.strategies import STRATEGIES, Strategy, make_strategy
 
 #: Parameters a strategy cannot be built without; every other name builds from defaults.

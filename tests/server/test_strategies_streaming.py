@@ -13,9 +13,10 @@ import hypothesis.extra.numpy as hnp
 import numpy as np
 import numpy.typing as npt
 import pytest
-from geofl.server.strategies import StrategyError, StreamingMean, UpdateRejected
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from geofl.server.strategies import StrategyError, StreamingMean, UpdateRejected
 
 Array = npt.NDArray[Any]
 Update = dict[str, Array]

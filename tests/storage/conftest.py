@@ -16,9 +16,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from geofl.storage import Database, open_database
 from sqlalchemy import create_engine, make_url
 from sqlalchemy.pool import NullPool
+
+from geofl.storage import Database, open_database
 
 POSTGRES_URL_ENV = "GEOFL_TEST_POSTGRES_URL"
 REQUIRE_POSTGRES_ENV = "GEOFL_REQUIRE_POSTGRES"

@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-from geofl.protocols.types import Weights, WeightsView
-from geofl.storage import STATE_PREFIX, CheckpointCorruptError, CheckpointRecord, CheckpointStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+
+from geofl.protocols.types import Weights, WeightsView
+from geofl.storage import STATE_PREFIX, CheckpointCorruptError, CheckpointRecord, CheckpointStore
 
 DTYPES = ["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"]
 

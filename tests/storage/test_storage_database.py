@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-import geofl.storage
 import pytest
+from sqlalchemy import select
+
+import geofl.storage
 from geofl.storage import (
     Database,
     DatabaseURLError,
@@ -18,7 +20,6 @@ from geofl.storage import (
     redact_url,
 )
 from geofl.storage.models import Run
-from sqlalchemy import select
 
 
 def _closed_port() -> int:

@@ -9,6 +9,8 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import CheckConstraint, Column, Integer, MetaData, Table, inspect, select
+
 from geofl.storage import (
     Database,
     StorageError,
@@ -22,7 +24,6 @@ from geofl.storage import (
 )
 from geofl.storage.database import MIGRATIONS_DIR
 from geofl.storage.models import Base, Run
-from sqlalchemy import CheckConstraint, Column, Integer, MetaData, Table, inspect, select
 
 
 def _schema_diff(database: Database, metadata: MetaData) -> list[object]:

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
+from sqlalchemy import delete, func, select
+
 from geofl.storage import (
     CheckpointRecord,
     Database,
@@ -18,7 +20,6 @@ from geofl.storage import (
     queries,
 )
 from geofl.storage.models import Checkpoint, Event, Node, Participation, Round, Run
-from sqlalchemy import delete, func, select
 
 T0 = datetime(2025, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
 CONFIG = {"run": {"name": "demo", "rounds": 3}, "strategy": {"name": "fedavg", "lr": 0.1}}

@@ -39,8 +39,10 @@ class ScriptedClient(Client):
             raise ValueError("deliberate failure in fit")
         if self.behaviour == "slow":
             time.sleep(self.delay_s)
-        out = {k: v + (1 + self.partition) if v.dtype.kind == "f" else v + 1
-               for k, v in parameters.items()}
+        out = {
+            k: v + (1 + self.partition) if v.dtype.kind == "f" else v + 1
+            for k, v in parameters.items()
+        }
         if self.behaviour == "wrong-shape":
             out["w"] = np.zeros((5, 3), np.float32)
         return out, 10 * (self.partition + 1), {"train_loss": float(self.partition)}
@@ -51,5 +53,8 @@ class ScriptedClient(Client):
 
 def client_app(context: ClientContext) -> Client:
     node = context.node_config
-    return ScriptedClient(int(node.get("partition-id", 0)), str(node.get("behaviour", "ok")),
-                      float(node.get("delay_s", 1.0)))
+    return ScriptedClient(
+        int(node.get("partition-id", 0)),
+        str(node.get("behaviour", "ok")),
+        float(node.get("delay_s", 1.0)),
+    )
