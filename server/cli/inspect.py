@@ -6,13 +6,21 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import make_url
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.storage import StorageUnavailableError, open_database, queries
+from geofl.storage import (
+    StorageUnavailableError,
+    current_revision,
+    open_database,
+    queries,
+    redact_url,
+)
 from geofl.storage.errors import DatabaseURLError, RunNotFoundError
 from geofl.storage.records import RunDetail, RunSummary
 
@@ -123,6 +131,15 @@ def detail_tables(detail: RunDetail) -> list[Table]:
     return [rounds, clients]
 
 
+def _require_existing_sqlite(url: str) -> None:
+    """Reading must not create an empty SQLite file as a side effect."""
+    parsed = make_url(url)
+    path = parsed.database
+    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:":
+        if not Path(path).exists():
+            raise StorageUnavailableError(url, f"no database file at {path}")
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     """Dispatch ``runs`` and ``db`` actions; returns the exit code."""
     # Wide enough for the tables when the output is not a terminal (pipes, CI logs).
@@ -130,12 +147,19 @@ def run_inspect(args: argparse.Namespace) -> int:
     url = _url(args)
     try:
         if args.command == "db":
-            from geofl.storage import current_revision, upgrade
+            from geofl.storage import upgrade
 
             upgrade(url)
             console.print(f"database at revision {current_revision(url)}")
             return ExitCode.OK
+        _require_existing_sqlite(url)
         with open_database(url, migrate=False) as db, db.session() as session:
+            if current_revision(db) is None:
+                raise StorageUnavailableError(
+                    redact_url(url),
+                    "it holds no geofl schema yet; start a server on it or "
+                    f"run `geofl db upgrade --db {redact_url(url)}`",
+                )
             if args.runs_command == "list":
                 runs = queries.list_runs(session)
                 if args.json:
