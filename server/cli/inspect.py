@@ -135,9 +135,9 @@ def _require_existing_sqlite(url: str) -> None:
     """Reading must not create an empty SQLite file as a side effect."""
     parsed = make_url(url)
     path = parsed.database
-    if parsed.get_backend_name() == "sqlite" and path and path != ":memory:":
-        if not Path(path).exists():
-            raise StorageUnavailableError(url, f"no database file at {path}")
+    is_file = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
+    if is_file and not Path(str(path)).exists():
+        raise StorageUnavailableError(url, f"no database file at {path}")
 
 
 def run_inspect(args: argparse.Namespace) -> int:
