@@ -1,0 +1,1 @@
+"""Runnable geofl examples; imported from the repository root as ``examples.<name>``."""

@@ -1,0 +1,1 @@
+"""Fashion-MNIST: a small CNN over ten label-skewed (Dirichlet) clients."""

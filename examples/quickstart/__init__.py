@@ -1,0 +1,1 @@
+"""Quickstart: an MLP on scikit-learn's digits, four clients, FedAvg."""
