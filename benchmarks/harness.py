@@ -1,0 +1,157 @@
+"""Run one system on one workload and measure it the same way for every system.
+
+Per case: a fresh work directory, a byte-counting proxy between clients and server, a
+memory sampler over every process the system starts, the machine's load average before and
+after (the benchmark host is shared, and load changes round times), and cleanup of every
+process by PID whatever happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import (
+    REPO_ROOT,
+    SERVER_GROUP,
+    BenchmarkError,
+    RunContext,
+    System,
+    SystemRun,
+    Workload,
+    free_port,
+    stop_tree,
+    wait_for_port,
+)
+from benchmarks.metrics import ByteSample, median_or_none, proxy_bytes_per_round
+from benchmarks.procmon import GroupPeaks, ProcessMonitor
+
+__all__ = ["read_byte_samples", "run_case", "summarize_case"]
+
+_MB = 1e6
+
+
+def read_byte_samples(path: Path) -> list[ByteSample]:
+    """Parse the proxy's JSON-lines counter samples."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [ByteSample(float(r["t"]), int(r["up"]), int(r["down"])) for r in rows]
+
+
+def _site_peaks(peaks: dict[str, GroupPeaks]) -> dict[str, Any]:
+    sites = {name: p for name, p in peaks.items() if name.startswith("site-")}
+    if not sites:
+        return {"peak_rss_client_site_mb": None, "client_site_rss_by_kind_mb": {}}
+    worst = max(sites.values(), key=lambda p: p.peak_sum_rss)
+    kinds: dict[str, int] = {}
+    for site in sites.values():
+        for kind, rss in site.peak_rss_by_kind.items():
+            kinds[kind] = max(kinds.get(kind, 0), rss)
+    return {
+        "peak_rss_client_site_mb": worst.peak_sum_rss / _MB,
+        "client_site_rss_by_kind_mb": {k: v / _MB for k, v in sorted(kinds.items())},
+    }
+
+
+def summarize_case(
+    system: str,
+    workload: Workload,
+    run: SystemRun,
+    samples: list[ByteSample],
+    peaks: dict[str, GroupPeaks],
+) -> dict[str, Any]:
+    """The JSON record of one completed case (sizes in MB = 10^6 bytes, times in s)."""
+    durations = [r.duration_s for r in run.rounds]
+    per_round = proxy_bytes_per_round(samples, run.rounds) or []
+    server = peaks.get(SERVER_GROUP, GroupPeaks())
+    record: dict[str, Any] = {
+        "system": system,
+        "params": workload.params,
+        "clients": workload.clients,
+        "rounds": workload.rounds,
+        "ok": True,
+        "round_s": durations,
+        "median_round_s": median_or_none(durations),
+        "proxy_up_mb_per_round": [u / _MB for u, _ in per_round],
+        "proxy_down_mb_per_round": [d / _MB for _, d in per_round],
+        "median_up_mb": median_or_none([u / _MB for u, _ in per_round]),
+        "median_down_mb": median_or_none([d / _MB for _, d in per_round]),
+        "system_bytes": run.system_bytes,
+        "system_round_bytes": [[r.bytes_up, r.bytes_down] for r in run.rounds],
+        "peak_rss_server_mb": server.peak_sum_rss / _MB if server.pids_seen else None,
+        "server_rss_by_kind_mb": {k: v / _MB for k, v in sorted(server.peak_rss_by_kind.items())},
+        **_site_peaks(peaks),
+        "payload_mb_per_round": workload.clients * workload.model_bytes / _MB,
+        "final_shift": run.final_shift,
+        "expected_shift": workload.expected_shift(),
+        "notes": run.notes,
+    }
+    expected = workload.expected_shift()
+    if run.final_shift is not None and abs(run.final_shift - expected) > 1e-3:
+        record["ok"] = False
+        record["error"] = (
+            f"final model moved by {run.final_shift} on average, expected {expected}: "
+            "updates were lost or duplicated"
+        )
+    return record
+
+
+def _start_proxy(workdir: Path, listen: int, target: int) -> subprocess.Popen[bytes]:
+    argv = [sys.executable, "-m", "benchmarks.byteproxy", "--listen", f"127.0.0.1:{listen}"]
+    argv += ["--target", f"127.0.0.1:{target}", "--samples", str(workdir / "bytes.jsonl")]
+    log = (workdir / "byteproxy.log").open("wb")
+    with log:
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wait_for_port(listen, timeout_s=30)
+    return proc
+
+
+def _stop_proxy(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc.pid)
+
+
+def run_case(system: System, workload: Workload, keep_workdir: bool = False) -> dict[str, Any]:
+    """Deploy ``system`` for ``workload``, measure it, always clean up; return its record.
+
+    A failure becomes a record with ``ok: false`` and the error, so one broken case does
+    not lose the others' numbers.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.name}-{workload.params}-"))
+    ctx = RunContext(workdir, free_port(), free_port(), ProcessMonitor(0.25))
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    proxy = _start_proxy(workdir, ctx.client_port, ctx.server_port)
+    ctx.monitor.start()
+    record: dict[str, Any]
+    try:
+        run = system.run(workload, ctx)
+        peaks = ctx.monitor.stop()
+        record = summarize_case(
+            system.name, workload, run, read_byte_samples(workdir / "bytes.jsonl"), peaks
+        )
+    except (BenchmarkError, NotImplementedError, OSError, subprocess.SubprocessError) as exc:
+        ctx.monitor.stop()
+        record = {"system": system.name, "params": workload.params, "ok": False}
+        record |= {"clients": workload.clients, "rounds": workload.rounds, "error": str(exc)}
+    finally:
+        ctx.stop_all()
+        _stop_proxy(proxy)
+    record["wall_s"] = time.monotonic() - started
+    record["load_before"] = list(load_before)
+    record["load_after"] = list(os.getloadavg())
+    record["workdir"] = str(workdir) if keep_workdir or not record["ok"] else None
+    if record["workdir"] is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return record

@@ -1,0 +1,157 @@
+"""Peak memory of the process trees a benchmark started, sampled with psutil.
+
+Frameworks spread one logical role over many OS processes (Flower: a SuperLink, its
+SuperExec and a ServerApp process; per site a SuperNode, a SuperExec and one short-lived
+ClientApp process per message). Comparing single processes would flatter whichever
+framework splits more, so memory is summed per *group* (the server side; one client site)
+over the whole tree under each root PID, sampled every ``interval_s`` seconds. Very short
+spikes between samples can be missed; RSS counts shared pages in every process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import psutil
+
+__all__ = ["GroupPeaks", "ProcSample", "ProcessMonitor", "classify_cmdline", "summarize"]
+
+#: (substring of the command line, kind); first match wins, so specific names come first.
+_KINDS: tuple[tuple[str, str], ...] = (
+    ("flwr-serverapp", "serverapp"),
+    ("flwr-clientapp", "clientapp"),
+    ("flower-superexec", "superexec"),
+    ("flower-superlink", "superlink"),
+    ("flower-supernode", "supernode"),
+    ("benchmarks.byteproxy", "byteproxy"),
+    ("geofl server", "geofl-server"),
+    ("geofl client", "geofl-client"),
+)
+
+
+def classify_cmdline(cmdline: Iterable[str]) -> str:
+    """Name the kind of a process from its command line (``"other"`` if unknown).
+
+    Console scripts appear as ``python /path/bin/flower-superlink ...``, so matching is on
+    the joined command line, with path separators made into spaces for ``geofl server``.
+    """
+    text = " ".join(cmdline)
+    flat = " ".join(part.rsplit("/", 1)[-1] for part in text.split(" "))
+    for needle, kind in _KINDS:
+        if needle in flat:
+            return kind
+    return "other"
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One process's resident memory at one sampling instant."""
+
+    t: float
+    group: str
+    pid: int
+    kind: str
+    rss: int
+
+
+@dataclass
+class GroupPeaks:
+    """Peak memory of one group.
+
+    Attributes
+    ----------
+    peak_sum_rss
+        The largest total RSS of the group's processes at any one sample (bytes).
+    peak_rss_by_kind
+        For each process kind, the largest RSS any single process of it reached (bytes).
+    pids_seen
+        How many distinct processes the group had over the run.
+    """
+
+    peak_sum_rss: int = 0
+    peak_rss_by_kind: dict[str, int] = field(default_factory=dict)
+    pids_seen: int = 0
+
+
+def summarize(samples: Iterable[ProcSample]) -> dict[str, GroupPeaks]:
+    """Reduce samples to per-group peaks (sum over processes at one instant, max over time)."""
+    sums: dict[tuple[str, float], int] = {}
+    peaks: dict[str, GroupPeaks] = {}
+    pids: dict[str, set[int]] = {}
+    for s in samples:
+        key = (s.group, s.t)
+        sums[key] = sums.get(key, 0) + s.rss
+        group = peaks.setdefault(s.group, GroupPeaks())
+        group.peak_rss_by_kind[s.kind] = max(group.peak_rss_by_kind.get(s.kind, 0), s.rss)
+        pids.setdefault(s.group, set()).add(s.pid)
+    for (group_name, _), total in sums.items():
+        peaks[group_name].peak_sum_rss = max(peaks[group_name].peak_sum_rss, total)
+    for group_name, seen in pids.items():
+        peaks[group_name].pids_seen = len(seen)
+    return peaks
+
+
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def sample_once(roots: Mapping[str, Iterable[int]], t: float) -> list[ProcSample]:
+    """Sample RSS of every live process under each group's root PIDs."""
+    out: list[ProcSample] = []
+    for group, pids in roots.items():
+        for pid in pids:
+            try:
+                root = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            for proc in _tree(root):
+                try:
+                    rss = int(proc.memory_info().rss)
+                    kind = classify_cmdline(proc.cmdline())
+                except psutil.Error:
+                    continue
+                out.append(ProcSample(t, group, proc.pid, kind, rss))
+    return out
+
+
+class ProcessMonitor:
+    """Sample the trees under registered root PIDs in a background thread.
+
+    Roots may be added while it runs (clients start after the server).
+    """
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.samples: list[ProcSample] = []
+        self._roots: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="procmon", daemon=True)
+
+    def add(self, group: str, pid: int) -> None:
+        """Count the tree under ``pid`` towards ``group`` from now on."""
+        with self._lock:
+            self._roots.setdefault(group, []).append(pid)
+
+    def start(self) -> None:
+        """Start sampling."""
+        self._thread.start()
+
+    def stop(self) -> dict[str, GroupPeaks]:
+        """Stop sampling and return per-group peaks."""
+        self._stop.set()
+        self._thread.join()
+        return summarize(self.samples)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                roots = {g: list(p) for g, p in self._roots.items()}
+            self.samples.extend(sample_once(roots, time.time()))
+            self._stop.wait(self.interval_s)

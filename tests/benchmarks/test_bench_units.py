@@ -1,0 +1,332 @@
+"""Unit tests for the benchmark harness's pure helpers and its byte-counting proxy."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import itertools
+import sys
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _ensure_benchmarks_importable() -> None:
+    """Register the repo's ``benchmarks`` package without putting the root on sys.path.
+
+    Under ``python -m pytest`` the root is already importable; under plain ``pytest`` it is
+    not, and adding it to sys.path would let other tests import bare folder names.
+    """
+    if importlib.util.find_spec("benchmarks") is not None:
+        return
+    spec = importlib.util.spec_from_file_location(
+        "benchmarks",
+        _ROOT / "benchmarks" / "__init__.py",
+        submodule_search_locations=[str(_ROOT / "benchmarks")],
+    )
+    if spec is None or spec.loader is None:
+        raise ImportError("cannot locate the benchmarks package")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["benchmarks"] = module
+    spec.loader.exec_module(module)
+
+
+_ensure_benchmarks_importable()
+
+from benchmarks.byteproxy import ByteProxy, parse_hostport  # noqa: E402
+from benchmarks.core import BenchmarkError, RoundRecord, SystemRun, Workload  # noqa: E402
+from benchmarks.flower_system import (  # noqa: E402
+    FLOWER_APP_TEMPLATE,
+    cli_config_toml,
+    traffic_from_ls,
+)
+from benchmarks.framework import parse_int_list, ratios  # noqa: E402
+from benchmarks.geofl_system import GeoflSystem, rounds_from_runs_show  # noqa: E402
+from benchmarks.harness import summarize_case  # noqa: E402
+from benchmarks.metrics import (  # noqa: E402
+    ByteSample,
+    bytes_between,
+    proxy_bytes_per_round,
+    rounds_from_events,
+)
+from benchmarks.procmon import GroupPeaks, ProcSample, classify_cmdline, summarize  # noqa: E402
+
+# ---------------------------------------------------------------- procmon
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "kind"),
+    [
+        (["/v/bin/python", "/v/bin/flower-superlink", "--insecure"], "superlink"),
+        (["/v/bin/python", "/v/bin/flower-supernode", "--superlink", "x"], "supernode"),
+        (["/v/bin/python", "/v/bin/flower-superexec", "--plugin-type", "x"], "superexec"),
+        (["/v/bin/python", "/v/bin/flwr-clientapp", "--token", "1"], "clientapp"),
+        (["/v/bin/python", "/v/bin/flwr-serverapp", "--token", "1"], "serverapp"),
+        (["/v/bin/python", "/v/bin/geofl", "server", "-c", "x.yaml"], "geofl-server"),
+        (["/v/bin/python", "/v/bin/geofl", "client", "--server", "h:1"], "geofl-client"),
+        (["/usr/bin/sleep", "10"], "other"),
+    ],
+)
+def test_classify_cmdline(cmdline: list[str], kind: str) -> None:
+    assert classify_cmdline(cmdline) == kind
+
+
+def test_summarize_sums_per_instant_and_takes_max_over_time() -> None:
+    samples = [
+        ProcSample(1.0, "server", 10, "superlink", 100),
+        ProcSample(1.0, "server", 11, "serverapp", 50),
+        ProcSample(2.0, "server", 10, "superlink", 120),
+        ProcSample(2.0, "site-0", 20, "supernode", 30),
+        ProcSample(3.0, "server", 10, "superlink", 80),
+        ProcSample(3.0, "server", 12, "serverapp", 90),
+    ]
+    peaks = summarize(samples)
+    assert peaks["server"].peak_sum_rss == 170  # t=3: 80 + 90, not 120 + 90
+    assert peaks["server"].peak_rss_by_kind == {"superlink": 120, "serverapp": 90}
+    assert peaks["server"].pids_seen == 3
+    assert peaks["site-0"].peak_sum_rss == 30
+
+
+# ---------------------------------------------------------------- metrics
+
+
+def _events(n: int) -> list[dict[str, object]]:
+    evs: list[dict[str, object]] = [{"event": "main_start", "t": 99.0}]
+    evs += [{"event": "round_start", "round": r, "t": 100.0 + 10 * r} for r in range(1, n + 1)]
+    return [*evs, {"event": "end", "t": 100.0 + 10 * n + 4, "final_shift": 1.0}]
+
+
+def test_rounds_from_events_uses_next_start_and_end() -> None:
+    recs = rounds_from_events(_events(3), 3)
+    assert [r.number for r in recs] == [1, 2, 3]
+    assert [r.duration_s for r in recs] == [10.0, 10.0, 4.0]
+    assert recs[0].start_wall == 110.0
+
+
+def test_rounds_from_events_rejects_incomplete_log() -> None:
+    events = [e for e in _events(3) if e.get("round") != 2]
+    with pytest.raises(BenchmarkError, match=r"rounds \[2\] missing"):
+        rounds_from_events(events, 3)
+    with pytest.raises(BenchmarkError, match="end=None"):
+        rounds_from_events(_events(3)[:-1], 3)
+
+
+def test_bytes_between_is_a_step_function() -> None:
+    samples = [
+        ByteSample(10.0, 100, 1000),
+        ByteSample(20.0, 300, 1500),
+        ByteSample(30.0, 350, 1600),
+    ]
+    assert bytes_between(samples, 5.0, 10.0) == (100, 1000)  # before first sample: zero
+    assert bytes_between(samples, 10.0, 25.0) == (200, 500)
+    assert bytes_between(samples, 31.0, 40.0) == (0, 0)
+    with pytest.raises(ValueError, match="ends before it starts"):
+        bytes_between(samples, 2.0, 1.0)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)), min_size=1, max_size=20),
+    st.lists(st.floats(0, 25, allow_nan=False), min_size=2, max_size=6),
+)
+def test_bytes_of_consecutive_rounds_add_up(
+    increments: list[tuple[int, int]], cuts: list[float]
+) -> None:
+    up = np.cumsum([i for i, _ in increments]).tolist()
+    down = np.cumsum([d for _, d in increments]).tolist()
+    samples = [
+        ByteSample(float(t), int(u), int(d)) for t, (u, d) in enumerate(zip(up, down, strict=True))
+    ]
+    cuts = sorted(cuts)
+    parts = [bytes_between(samples, a, b) for a, b in itertools.pairwise(cuts)]
+    assert tuple(map(sum, zip(*parts, strict=True))) == bytes_between(samples, cuts[0], cuts[-1])
+
+
+def test_proxy_bytes_per_round_needs_start_times() -> None:
+    samples = [ByteSample(0.0, 0, 0), ByteSample(5.0, 40, 80), ByteSample(9.0, 50, 90)]
+    rounds = [RoundRecord(1, 5.0, start_wall=0.0), RoundRecord(2, 4.0, start_wall=5.0)]
+    assert proxy_bytes_per_round(samples, rounds) == [(40, 80), (10, 10)]
+    assert proxy_bytes_per_round(samples, [RoundRecord(1, 5.0)]) is None
+
+
+# ---------------------------------------------------------------- Flower / geofl adapters
+
+
+def test_cli_config_toml_names_connection_and_address() -> None:
+    doc = tomllib.loads(cli_config_toml("bench", 4242))
+    assert doc["superlink"]["default"] == "bench"
+    assert doc["superlink"]["bench"] == {"address": "127.0.0.1:4242", "insecure": True}
+
+
+# flwr's CLI modules import click helpers that click 8.2+ deprecates (not our code).
+@pytest.mark.filterwarnings("ignore:'click.utils:DeprecationWarning")
+def test_flower_app_template_is_a_valid_flower_app() -> None:
+    from flwr.common.config import validate_fields_in_config
+
+    config = tomllib.loads((FLOWER_APP_TEMPLATE / "pyproject.toml").read_text())
+    ok, errors, _ = validate_fields_in_config(config)
+    assert ok, errors
+    for ref in config["tool"]["flwr"]["app"]["components"].values():
+        module = ref.split(":")[0].replace(".", "/") + ".py"
+        assert (FLOWER_APP_TEMPLATE / module).is_file(), ref
+    assert "federations" not in config["tool"]["flwr"]
+
+
+def test_traffic_from_ls_reads_network_traffic() -> None:
+    reply = {"success": True, "runs": [{"network-traffic": {"inbound-bytes": 5, "total-bytes": 9}}]}
+    assert traffic_from_ls(reply) == {"inbound-bytes": 5, "total-bytes": 9}
+    assert traffic_from_ls({"runs": []}) == {}
+
+
+def test_rounds_from_runs_show_parses_and_sorts() -> None:
+    reply = {
+        "rounds": [
+            {"number": 2, "duration_s": 1.5, "bytes_up": 10, "bytes_down": 20},
+            {"number": 1, "duration_s": 2.5, "started_at": "2025-01-01T00:00:00+00:00"},
+        ]
+    }
+    recs = rounds_from_runs_show(reply)
+    assert [(r.number, r.duration_s) for r in recs] == [(1, 2.5), (2, 1.5)]
+    assert recs[0].start_wall == 1735689600.0
+    assert (recs[1].bytes_up, recs[1].bytes_down) == (10, 20)
+    with pytest.raises(BenchmarkError, match="no 'rounds' list"):
+        rounds_from_runs_show({"run": 1})
+    with pytest.raises(BenchmarkError, match="malformed"):
+        rounds_from_runs_show({"rounds": [{"number": 1}]})
+
+
+def test_geofl_system_is_a_marked_stub(tmp_path: Path) -> None:
+    with pytest.raises(NotImplementedError, match="wired by the lead"):
+        GeoflSystem().run(Workload(10, 2, 1), None)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- harness / report
+
+
+def _run(final_shift: float) -> SystemRun:
+    return SystemRun(
+        rounds=[RoundRecord(1, 3.0, start_wall=0.0), RoundRecord(2, 5.0, start_wall=3.0)],
+        final_shift=final_shift,
+    )
+
+
+def test_summarize_case_checks_the_final_model() -> None:
+    workload = Workload(params=100, clients=4, rounds=2)
+    assert workload.expected_shift() == 5.0  # 2 rounds x mean(1, 2, 3, 4)
+    samples = [ByteSample(0.0, 0, 0), ByteSample(3.0, 400, 400), ByteSample(8.0, 800, 800)]
+    peaks = {"server": GroupPeaks(5_000_000, {"superlink": 3_000_000}, 2)}
+    good = summarize_case("flower", workload, _run(5.0), samples, peaks)
+    assert good["ok"] and good["median_round_s"] == 4.0
+    assert good["proxy_up_mb_per_round"] == [0.0004, 0.0004]
+    assert good["peak_rss_server_mb"] == 5.0 and good["peak_rss_client_site_mb"] is None
+    bad = summarize_case("flower", workload, _run(4.0), samples, peaks)
+    assert not bad["ok"] and "lost or duplicated" in bad["error"]
+
+
+def test_ratios_divide_geofl_by_flower_and_never_invent() -> None:
+    cases = [
+        {"system": "flower", "params": 1, "ok": True, "median_round_s": 20.0},
+        {"system": "geofl", "params": 1, "ok": True, "median_round_s": 2.0},
+        {"system": "flower", "params": 2, "ok": True, "median_round_s": 40.0},
+        {"system": "geofl", "params": 2, "ok": False, "median_round_s": 1.0},
+    ]
+    rows = {r["params"]: r for r in ratios(cases)}
+    assert rows[1]["median_round_s"] == pytest.approx(0.1)
+    assert rows[2]["median_round_s"] is None
+    assert rows[1]["peak_rss_server_mb"] is None
+
+
+def test_parse_int_list() -> None:
+    assert parse_int_list("1_000_000,10000000") == [1_000_000, 10_000_000]
+    for bad in ("", "1,x", "0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_int_list(bad)
+
+
+# ---------------------------------------------------------------- byte proxy
+
+
+def test_parse_hostport() -> None:
+    assert parse_hostport("127.0.0.1:80") == ("127.0.0.1", 80)
+    for bad in ("127.0.0.1", ":80", "h:0", "h:99999", "h:x"):
+        with pytest.raises(ValueError, match="HOST:PORT"):
+            parse_hostport(bad)
+
+
+async def _echo_through_proxy(payload: bytes) -> tuple[bytes, int, int, int]:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    proxy = ByteProxy("127.0.0.1", 0, "127.0.0.1", server.sockets[0].getsockname()[1])
+    await proxy.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(payload)
+    writer.write_eof()
+    received = await reader.read(-1)
+    writer.close()
+    await writer.wait_closed()
+    await proxy.stop()
+    server.close()
+    await server.wait_closed()
+    c = proxy.counters
+    return received, c.up, c.down, c.connections
+
+
+def test_byteproxy_forwards_and_counts_both_directions() -> None:
+    payload = np.random.default_rng(0).bytes(3 * 1024 * 1024 + 17)
+    received, up, down, conns = asyncio.run(_echo_through_proxy(payload))
+    assert received == payload
+    assert (up, down, conns) == (len(payload), len(payload), 1)
+
+
+# ---------------------------------------------------------------- geofl echo app
+
+
+def test_geofl_echo_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    echo = importlib.import_module("benchmarks.apps.geofl_echo")
+    from geofl.client.app import ClientContext
+
+    client = echo.client_app(
+        ClientContext(node_id=1, node_name="c", node_config={"partition-id": 3})
+    )
+    params = {"w": np.zeros(5, dtype=np.float32)}
+    out, weight, _ = client.fit(params, {})
+    assert weight == 1 and out["w"].dtype == np.float32
+    np.testing.assert_array_equal(out["w"], np.full(5, 4.0, dtype=np.float32))
+    np.testing.assert_array_equal(params["w"], np.zeros(5, dtype=np.float32))  # not mutated
+    with pytest.raises(ValueError, match="partition-id"):
+        echo.client_app(ClientContext(node_id=1, node_name="c"))
+    monkeypatch.setenv(echo.PARAMS_ENV, "7")
+    assert echo.make_model()["w"].shape == (7,)
+    monkeypatch.setenv(echo.PARAMS_ENV, "-1")
+    with pytest.raises(ValueError, match=echo.PARAMS_ENV):
+        echo.make_model()
+
+
+@pytest.mark.filterwarnings("ignore:'click.utils:DeprecationWarning")
+def test_both_systems_start_from_the_same_non_constant_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "flwrbench_server_app", FLOWER_APP_TEMPLATE / "flwrbench" / "server_app.py"
+    )
+    assert spec is not None and spec.loader is not None
+    server_app = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server_app)
+    echo = importlib.import_module("benchmarks.apps.geofl_echo")
+    monkeypatch.setenv(echo.PARAMS_ENV, "1000")
+    geofl_w = echo.make_model()["w"]
+    np.testing.assert_array_equal(server_app.initial_model(1000), geofl_w)
+    # constant chunks would be deduplicated by content-addressed transports
+    assert len(np.unique(geofl_w)) > 990
