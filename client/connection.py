@@ -12,12 +12,13 @@ import grpc
 
 from geofl.protocols import serde
 from geofl.protocols.errors import GeoflError, error_from_details
-from geofl.protocols.types import Scalar, WeightsView
+from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 
 PROTOCOL_VERSIONS = (1,)
 SESSION_METADATA_KEY = "geofl-session"
+SERVICE_NAME = "geofl.v1.Coordinator"
 
 
 class ServerUnavailableError(Exception):
@@ -72,6 +73,18 @@ class Connection:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.CoordinatorStub(self._channel)  # type: ignore[no-untyped-call]
+        # Bulk streams carry bytes that serde encodes and decodes (exact byte counts,
+        # malformed chunks as catalogued errors); see geofl.server.transport.add_to_server.
+        self._download = self._channel.unary_stream(
+            f"/{SERVICE_NAME}/Download",
+            request_serializer=pb.DownloadRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        self._submit = self._channel.stream_unary(
+            f"/{SERVICE_NAME}/Submit",
+            request_serializer=None,
+            response_deserializer=pb.SubmitReply.FromString,
+        )
         self._token = ""
 
     def close(self) -> None:
@@ -122,23 +135,20 @@ class Connection:
             raise translate(exc) from exc
         return task
 
-    def download(self, task: pb.Task, timeout: float | None) -> tuple[dict[str, object], int]:
+    def download(self, task: pb.Task, timeout: float | None) -> tuple[Weights, int]:
         """Stream the task's model version; returns the weights and the bytes received."""
         sink = serde.ArraySink()
         assembler = serde.Assembler(sink, max_total_bytes=max(task.model_bytes, 1))
         received = 0
+        request = pb.DownloadRequest(task_id=task.task_id, model_version=task.model_version)
         try:
-            for chunk in self._stub.Download(
-                pb.DownloadRequest(task_id=task.task_id, model_version=task.model_version),
-                metadata=self._metadata(),
-                timeout=timeout,
-            ):
-                assembler.feed(chunk)
-                received += chunk.ByteSize()
+            for raw in self._download(request, metadata=self._metadata(), timeout=timeout):
+                assembler.feed(serde.decode_chunk(raw))
+                received += len(raw)
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         assembler.finish()
-        return dict(sink.weights), received
+        return sink.weights, received
 
     def submit(
         self,
@@ -150,18 +160,14 @@ class Connection:
         """Stream a result; returns the bytes sent.  Raises if the server refuses it."""
         sent = 0
 
-        def messages() -> Iterator[pb.UploadMessage]:
+        def messages() -> Iterator[bytes]:
             nonlocal sent
-            first = pb.UploadMessage(header=header)
-            sent += first.ByteSize()
-            yield first
-            for chunk in serde.iter_chunks(tensors or {}, chunk_bytes):
-                message = pb.UploadMessage(chunk=chunk)
-                sent += message.ByteSize()
-                yield message
+            for raw in serde.encode_upload(header, tensors, chunk_bytes):
+                sent += len(raw)
+                yield raw
 
         try:
-            reply: pb.SubmitReply = self._stub.Submit(
+            reply: pb.SubmitReply = self._submit(
                 messages(), metadata=self._metadata(), timeout=timeout
             )
         except grpc.RpcError as exc:

@@ -24,6 +24,7 @@ from geofl.client.connection import Connection, ServerUnavailableError, Session,
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, scalar_map
 from geofl.protocols.tensors import check_matches, spec_of
+from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 
@@ -96,6 +97,7 @@ class ClientRuntime:
             self._opt.reconnect_for_s,
             random.Random(),
         )
+        tune_allocator()
         beat = threading.Thread(target=self._heartbeats, daemon=True, name="geofl-heartbeat")
         beat.start()
         try:
@@ -166,8 +168,8 @@ class ClientRuntime:
         if self._cache is not None and self._cache[0] == task.model_version:
             return self._cache[1]
         weights, _ = self._conn.download(task, timeout=self._remaining(task))
-        self._cache = (task.model_version, weights)  # type: ignore[assignment]
-        return weights  # type: ignore[return-value]
+        self._cache = (task.model_version, weights)
+        return weights
 
     def _remaining(self, task: pb.Task) -> float | None:
         if not task.deadline_unix_s:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+from google.protobuf.message import DecodeError
 
 from geofl.protocols.errors import (
     ChecksumError,
@@ -135,6 +136,37 @@ def iter_chunks(
             offset = end
             if offset >= total:
                 break
+
+
+def encode_chunks(weights: WeightsView, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[bytes]:
+    """Serialized :class:`pb.TensorChunk` messages of ``weights`` (for pre-encoded sends)."""
+    for chunk in iter_chunks(weights, chunk_bytes):
+        yield chunk.SerializeToString()
+
+
+def encode_upload(
+    header: pb.UploadHeader, tensors: WeightsView | None, chunk_bytes: int
+) -> Iterator[bytes]:
+    """Serialized :class:`pb.UploadMessage` stream: the header, then the tensors' chunks."""
+    yield pb.UploadMessage(header=header).SerializeToString()
+    for chunk in iter_chunks(tensors or {}, chunk_bytes):
+        yield pb.UploadMessage(chunk=chunk).SerializeToString()
+
+
+def decode_chunk(raw: bytes) -> pb.TensorChunk:
+    """Parse one serialized chunk; a malformed one is a :class:`ProtocolError`."""
+    try:
+        return pb.TensorChunk.FromString(raw)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed TensorChunk ({len(raw)} bytes): {exc}") from None
+
+
+def decode_upload(raw: bytes) -> pb.UploadMessage:
+    """Parse one serialized upload message; a malformed one is a :class:`ProtocolError`."""
+    try:
+        return pb.UploadMessage.FromString(raw)
+    except DecodeError as exc:
+        raise ProtocolError(f"malformed UploadMessage ({len(raw)} bytes): {exc}") from None
 
 
 # ----------------------------------------------------------------- tensors in
@@ -274,8 +306,12 @@ __all__ = [
     "ArraySink",
     "Assembler",
     "TensorSink",
+    "decode_chunk",
+    "decode_upload",
     "dtype_from_proto",
     "dtype_to_proto",
+    "encode_chunks",
+    "encode_upload",
     "fill_scalar_map",
     "iter_chunks",
     "scalar_from_proto",

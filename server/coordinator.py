@@ -18,16 +18,18 @@ from typing import Any
 
 import grpc
 
-from geofl.protocols.tensors import spec_of
+from geofl.protocols.tensors import model_bytes, spec_of
+from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
-from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import RunConfig
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
-from geofl.server.loading import load_initial_weights, load_server_evaluate
+from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
+from geofl.server.model_store import ModelStore
 from geofl.server.recorder import DatabaseRecorder
 from geofl.server.registry import Registry
+from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import Strategy, make_strategy
-from geofl.server.transport import CoordinatorServicer, ServerState
+from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, open_database, queries
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,12 @@ class Coordinator:
         self.strategy = build_strategy(config)
         self.registry = Registry(config.server.heartbeat_interval_s)
         self.weights, self.run_id, self.start_round = self._resume_or_create()
+        size = model_bytes(spec_of(self.weights))
+        if size > config.server.max_model_bytes:
+            raise UserCodeError(
+                f"model {config.model!r} has {size} bytes, over server.max_model_bytes "
+                f"({config.server.max_model_bytes})"
+            )
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._state = ServerState(
@@ -103,6 +111,8 @@ class Coordinator:
             join_node=self._join_node,
             chunk_bytes=config.server.chunk_bytes,
             run_config=dict(config.round_config),
+            models=ModelStore(config.server.chunk_bytes),
+            upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
         )
 
     # ------------------------------------------------------------ set-up
@@ -130,6 +140,7 @@ class Coordinator:
 
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
+        tune_allocator()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", 8 << 20),
@@ -137,9 +148,7 @@ class Coordinator:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
             ]
         )
-        pb_grpc.add_CoordinatorServicer_to_server(  # type: ignore[no-untyped-call]
-            CoordinatorServicer(self._state), server
-        )
+        add_to_server(CoordinatorServicer(self._state), server)
         address = self.config.server.address
         tls = self.config.server.tls
         try:
@@ -171,7 +180,9 @@ class Coordinator:
             self.registry,
             self.strategy,
             self._state.models,
-            DatabaseRecorder(self.db, self.store, self.run_id),
+            DatabaseRecorder(
+                self.db, self.store, self.run_id, self.config.storage.keep_checkpoints
+            ),
             start_round=self.start_round,
             global_weights=self.weights,
             server_evaluate=(

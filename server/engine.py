@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
+from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.spool import SpooledUpdate
 from geofl.server.strategies import Strategy, UpdateRejected
@@ -133,7 +134,7 @@ class RoundEngine:
         settings: EngineSettings,
         registry: Registry,
         strategy: Strategy,
-        models: dict[int, WeightsView],
+        models: ModelStore,
         recorder: Recorder,
         *,
         start_round: int,
@@ -155,7 +156,7 @@ class RoundEngine:
 
     async def run(self) -> None:
         """Every remaining round; raises :class:`NoClientsError` if clients never come."""
-        self._models[self._start - 1] = self.weights
+        self._models.put(self._start - 1, self.weights)
         for number in range(self._start, self._cfg.rounds + 1):
             record = RoundRecord(number)
             self._recorder.round_started(number, self._cfg.clients_per_round)
@@ -165,10 +166,10 @@ class RoundEngine:
                 log.warning("round %d failed: %s", number, failure)
                 self._recorder.round_failed(record, str(failure))
                 self._on_round_end(record, f"failed: {failure}")
-                self._models[number] = self.weights
+                self._models.put(number, self.weights)
             else:
                 self._on_round_end(record, "committed")
-            self._models.pop(number - 1, None)
+            self._models.drop(number - 1)
 
     async def _round(self, record: RoundRecord) -> None:
         clock = _PhaseClock(record, self._recorder)
@@ -199,7 +200,7 @@ class RoundEngine:
         new_weights = await asyncio.to_thread(
             self._strategy.apply, self.weights, mean, record.number
         )
-        self._models[record.number] = new_weights
+        self._models.put(record.number, new_weights)
         clock.enter(Phase.EVALUATE)
         await self._evaluate(record, new_weights)
         clock.enter(Phase.COMMIT)

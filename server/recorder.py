@@ -8,7 +8,7 @@ import datetime as dt
 from geofl.protocols.types import WeightsView
 from geofl.server.engine import Phase, Recorder, RoundRecord
 from geofl.server.registry import Outcome, TaskRecord
-from geofl.storage import CheckpointStore, Database, queries
+from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 
 
 def _utc(unix_s: float | None) -> dt.datetime | None:
@@ -23,10 +23,12 @@ class DatabaseRecorder(Recorder):
         db: Database,
         store: CheckpointStore,
         run_id: int,
+        keep: int | None = None,
     ) -> None:
         self._db = db
         self._store = store
         self._run_id = run_id
+        self._keep = keep
         self._round_ids: dict[int, int] = {}
 
     def round_started(self, number: int, cohort_target: int) -> None:
@@ -84,6 +86,19 @@ class DatabaseRecorder(Recorder):
                 server_eval_loss=record.server_eval_loss,
                 server_eval_metrics=dict(record.server_eval_metrics),
             )
+        if self._keep is not None:
+            await asyncio.to_thread(self._prune, self._keep)
+
+    def _prune(self, keep: int) -> None:
+        """Delete checkpoint files beyond the newest ``keep`` (rows stay as history)."""
+        with self._db.session() as session:
+            rows = [
+                CheckpointRecord.from_row(r) for r in queries.checkpoints_of(session, self._run_id)
+            ]
+        kept = {r.sha256 for r in rows[:keep]}
+        for record in rows[keep:]:
+            if record.sha256 not in kept:
+                self._store.delete(record)
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
         with self._db.session() as session:

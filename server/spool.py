@@ -1,69 +1,130 @@
-"""Inbound updates spooled to a temporary file while they stream in.
+"""Inbound updates staged while they stream in, in memory up to a budget, else on disk.
 
-An update is only folded into the round's aggregate once every chunk of it has
-arrived and passed its checks, so a client that fails mid-upload, or sends a
-NaN in its last tensor, never touches the aggregate.  Spooling keeps the
-server's memory O(model) however many uploads are in flight: small updates stay
-in memory, large ones go to a temporary file (page cache, not process memory).
+An update is folded into the round's aggregate only once every chunk of it has
+arrived and passed its checks, so a client that fails mid-upload, or sends a NaN
+in its last tensor, never touches the aggregate.  Staging keeps one contiguous buffer
+per upload while the server-wide budget allows; past it, an upload is staged in
+a temporary file (page cache, not process memory).  So
+the server's memory is O(model + budget) however many clients upload at once.
 """
 
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
 
 from geofl.protocols.tensors import TensorSpec
 
-#: Updates up to this size stay in memory; larger ones spill to disk.
-IN_MEMORY_LIMIT = 4 << 20
+#: Default for ``server.upload_buffer_bytes``.
+DEFAULT_BUDGET = 256 << 20
+
+
+class MemoryBudget:
+    """Bytes of staged uploads the server may hold in memory, shared by all uploads."""
+
+    def __init__(self, limit: int = DEFAULT_BUDGET) -> None:
+        self.limit = limit
+        self.used = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def take(self, size: int) -> bool:
+        """Reserve ``size`` bytes if they fit."""
+        with self._lock:
+            if self.used + size > self.limit:
+                return False
+            self.used += size
+            self.peak = max(self.peak, self.used)
+            return True
+
+    def give_back(self, size: int) -> None:
+        """Release a reservation."""
+        with self._lock:
+            self.used -= size
 
 
 class SpoolSink:
-    """A :class:`geofl.protocols.serde.TensorSink` writing into a spooled file."""
+    """A :class:`geofl.protocols.serde.TensorSink` staging one upload of known size.
 
-    def __init__(self) -> None:
-        self._file = tempfile.SpooledTemporaryFile(max_size=IN_MEMORY_LIMIT)  # noqa: SIM115
+    In memory the upload lands in one contiguous buffer, so every tensor read back is a
+    zero-copy view; on disk it goes to an unnamed temporary file.
+    """
+
+    def __init__(self, budget: MemoryBudget, total_bytes: int) -> None:
+        self._budget = budget
+        self._total = total_bytes
+        self._buffer: npt.NDArray[np.uint8] | None = None
+        self._file: IO[bytes] | None = None
+        if budget.take(total_bytes):
+            self._buffer = np.empty(total_bytes, dtype=np.uint8)
+        else:
+            self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by discard()
+        self._size = 0
         self._layout: dict[str, tuple[TensorSpec, int]] = {}
+
+    @property
+    def spilled(self) -> bool:
+        """Whether this upload is staged on disk (the memory budget was exhausted)."""
+        return self._file is not None
 
     def begin(self, spec: TensorSpec) -> None:
         """Remember where the tensor starts."""
-        self._layout[spec.name] = (spec, self._file.tell())
+        self._layout[spec.name] = (spec, self._size)
 
     def write(self, data: bytes) -> None:
-        """Append a piece of the current tensor."""
-        self._file.write(data)
+        """Stage a piece of the current tensor."""
+        end = self._size + len(data)
+        if end > self._total:
+            raise ValueError(f"upload exceeds its announced {self._total} bytes")
+        if self._buffer is not None:
+            self._buffer[self._size : end] = np.frombuffer(data, dtype=np.uint8)
+        elif self._file is not None:
+            self._file.write(data)
+        self._size = end
 
     def end(self) -> None:
         """Nothing to finish per tensor."""
 
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        """``size`` staged bytes from ``offset`` (a view of the buffer when in memory)."""
+        if self._buffer is not None:
+            return memoryview(self._buffer[offset : offset + size])
+        if self._file is None:
+            raise ValueError("the upload was discarded")
+        self._file.seek(offset)
+        return self._file.read(size)
+
     def update(self) -> SpooledUpdate:
-        """The complete update as a lazily read mapping (takes ownership of the file)."""
-        return SpooledUpdate(self._file, self._layout)
+        """The complete update as a lazily read mapping (closing it frees the staging)."""
+        return SpooledUpdate(self, self._layout)
 
     def discard(self) -> None:
-        """Throw the spooled bytes away."""
-        self._file.close()
+        """Throw the staged bytes away and return the memory to the budget."""
+        if self._buffer is not None:
+            self._buffer = None
+            self._budget.give_back(self._total)
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
-    """Tensors of one update, read from the spool one at a time on access."""
+    """Tensors of one update, decoded from the staging area on access (read-only views)."""
 
-    def __init__(
-        self,
-        file: tempfile.SpooledTemporaryFile[bytes],
-        layout: dict[str, tuple[TensorSpec, int]],
-    ) -> None:
-        self._file = file
+    def __init__(self, sink: SpoolSink, layout: dict[str, tuple[TensorSpec, int]]) -> None:
+        self._sink = sink
         self._layout = layout
 
     def __getitem__(self, name: str) -> npt.NDArray[np.generic]:
         spec, offset = self._layout[name]
-        self._file.seek(offset)
-        data = self._file.read(spec.nbytes)
-        return np.frombuffer(data, dtype=np.dtype(spec.dtype).newbyteorder("<")).reshape(spec.shape)
+        data = self._sink.read(offset, spec.nbytes)
+        dtype = np.dtype(spec.dtype).newbyteorder("<")
+        return np.frombuffer(data, dtype=dtype).reshape(spec.shape)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._layout)
@@ -71,9 +132,14 @@ class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
     def __len__(self) -> int:
         return len(self._layout)
 
+    @property
+    def spilled(self) -> bool:
+        """Whether the update went to disk (the memory budget was exhausted)."""
+        return self._sink.spilled
+
     def close(self) -> None:
-        """Release the spool."""
-        self._file.close()
+        """Release the staging area."""
+        self._sink.discard()
 
 
-__all__ = ["IN_MEMORY_LIMIT", "SpoolSink", "SpooledUpdate"]
+__all__ = ["DEFAULT_BUDGET", "MemoryBudget", "SpoolSink", "SpooledUpdate"]

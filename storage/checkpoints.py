@@ -159,6 +159,14 @@ class CheckpointStore:
         except (SafetensorError, ValueError, KeyError) as exc:
             raise CheckpointCorruptError(str(path), f"unreadable: {exc}") from exc
 
+    def delete(self, record: CheckpointRecord) -> bool:
+        """Remove a checkpoint's file (its database row stays as history)."""
+        try:
+            self.path_of(record).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
     def path_of(self, record: CheckpointRecord) -> Path:
         """Absolute location of a record's file; refuses paths that leave the directory."""
         relative = Path(record.path)

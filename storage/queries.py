@@ -18,7 +18,13 @@ The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds` a
 
 from __future__ import annotations
 
-from geofl.storage.reports import get_run, latest_checkpoint, list_runs, run_detail
+from geofl.storage.reports import (
+    checkpoints_of,
+    get_run,
+    latest_checkpoint,
+    list_runs,
+    run_detail,
+)
 from geofl.storage.rounds import (
     commit_round,
     fail_round,
@@ -38,6 +44,7 @@ from geofl.storage.runs import (
 
 __all__ = [
     "add_event",
+    "checkpoints_of",
     "commit_round",
     "create_run",
     "fail_round",

@@ -16,7 +16,7 @@ from geofl.storage.errors import RunNotFoundError
 from geofl.storage.models import Checkpoint, Node, Participation, Round, Run
 from geofl.storage.records import ParticipationRecord, RoundSummary, RunDetail, RunSummary
 
-__all__ = ["get_run", "latest_checkpoint", "list_runs", "run_detail"]
+__all__ = ["checkpoints_of", "get_run", "latest_checkpoint", "list_runs", "run_detail"]
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -31,6 +31,16 @@ def get_run(session: Session, run_id: int) -> Run:
     if run is None:
         raise RunNotFoundError(run_id)
     return run
+
+
+def checkpoints_of(session: Session, run_id: int) -> list[Checkpoint]:
+    """Every checkpoint row of a run, newest round first."""
+    statement = (
+        select(Checkpoint)
+        .where(Checkpoint.run_id == run_id)
+        .order_by(Checkpoint.round.desc(), Checkpoint.id.desc())
+    )
+    return list(session.scalars(statement))
 
 
 def latest_checkpoint(session: Session, run_id: int) -> Checkpoint | None:

@@ -127,7 +127,9 @@ class StorageConfig(Section):
         description="Checkpoint directory; relative to the YAML file.",
     )
     keep_checkpoints: Annotated[int, Field(ge=1)] | None = Field(
-        default=None, description="Keep only the newest N checkpoints; null = keep all."
+        default=None,
+        description="Keep only the files of the newest N checkpoints (their database rows "
+        "stay); null = keep all.",
     )
 
 
@@ -158,6 +160,12 @@ class ServerConfig(Section):
     )
     max_model_bytes: int = Field(
         default=8 * GIB, ge=1, description="Largest model or update accepted, bytes."
+    )
+    upload_buffer_bytes: int = Field(
+        default=256 * MIB,
+        ge=0,
+        description="Memory for staging uploads until they are complete and checked, shared "
+        "by all clients; beyond it uploads are staged in temporary files.",
     )
 
     @property

@@ -1,5 +1,5 @@
 """gRPC transport of the coordinator."""
 
-from geofl.server.transport.servicer import CoordinatorServicer, ServerState
+from geofl.server.transport.servicer import CoordinatorServicer, ServerState, add_to_server
 
-__all__ = ["CoordinatorServicer", "ServerState"]
+__all__ = ["CoordinatorServicer", "ServerState", "add_to_server"]

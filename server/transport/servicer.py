@@ -24,16 +24,18 @@ from geofl.protocols.errors import (
     TruncatedStreamError,
 )
 from geofl.protocols.tensors import ModelSpec, model_bytes
-from geofl.protocols.types import Scalar, WeightsView
+from geofl.protocols.types import Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
-from geofl.server.spool import SpoolSink
+from geofl.server.spool import MemoryBudget, SpoolSink
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_PROTOCOL_VERSIONS = (1,)
 SESSION_METADATA_KEY = "geofl-session"
+SERVICE_NAME = "geofl.v1.Coordinator"
 _MAX_POLL_S = 60.0
 
 _KIND = {"fit": pb.TASK_KIND_FIT, "evaluate": pb.TASK_KIND_EVALUATE}
@@ -50,7 +52,8 @@ class ServerState:
     join_node: Callable[[str, str | None, dict[str, Scalar]], int]
     chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
     run_config: dict[str, Scalar] = field(default_factory=dict)
-    models: dict[int, WeightsView] = field(default_factory=dict)
+    models: ModelStore = field(default_factory=ModelStore)
+    upload_budget: MemoryBudget = field(default_factory=MemoryBudget)
 
 
 class _AbortError(Exception):
@@ -188,13 +191,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     async def Download(  # noqa: N802
         self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext[object, object]
-    ) -> AsyncIterator[pb.TensorChunk]:
+    ) -> AsyncIterator[bytes]:
         try:
             with _translated():
                 session = self._s.registry.session(_token(context))
                 task = self._s.registry.task_for(session, request.task_id)
-                weights = self._s.models.get(request.model_version)
-                if weights is None:
+                chunks = await self._s.models.encoded(request.model_version)
+                if chunks is None:
                     raise GeoflError(
                         f"model version {request.model_version} is not available",
                         code=ErrorCode.MODEL_UNAVAILABLE,
@@ -202,14 +205,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
-        for chunk in serde.iter_chunks(weights, self._s.chunk_bytes):
-            task.bytes_down += chunk.ByteSize()
-            yield chunk
+        for raw in chunks:
+            task.bytes_down += len(raw)
+            yield raw  # pre-encoded TensorChunk: see add_to_server
         task.downloaded.set()
 
     async def Submit(  # noqa: N802
         self,
-        request_iterator: AsyncIterator[pb.UploadMessage],
+        request_iterator: AsyncIterator[bytes],
         context: grpc.aio.ServicerContext[object, object],
     ) -> pb.SubmitReply:
         try:
@@ -220,10 +223,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             await context.abort(abort.code, abort.details)
             raise
 
-    async def _submit(
-        self, session: NodeSession, messages: AsyncIterator[pb.UploadMessage]
-    ) -> pb.SubmitReply:
-        first = await anext(messages, None)
+    async def _submit(self, session: NodeSession, messages: AsyncIterator[bytes]) -> pb.SubmitReply:
+        raw = await anext(messages, None)
+        first = serde.decode_upload(raw) if raw is not None else None
         if first is None or first.WhichOneof("body") != "header":
             raise ProtocolError("an upload must start with an UploadHeader")
         header = first.header
@@ -242,12 +244,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             task.settle(Outcome("dropped", "client disconnected during upload"))
             raise
-        outcome.bytes_up += first.ByteSize()
+        outcome.bytes_up += len(raw or b"")
         task.settle(outcome)
         return pb.SubmitReply(accepted=True)
 
     async def _receive(
-        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[pb.UploadMessage]
+        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
     ) -> Outcome:
         metrics = serde.scalar_map(header.metrics)
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
@@ -269,15 +271,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("a fit result must carry a DELTA update")
         if header.num_examples <= 0:
             raise ProtocolError("a fit result must report num_examples > 0")
-        sink = SpoolSink()
+        sink = SpoolSink(self._s.upload_budget, model_bytes(self._s.spec))
         assembler = serde.Assembler(sink, self._s.spec, check_finite=True)
         received = 0
         try:
-            async for message in messages:
+            async for raw in messages:
+                message = serde.decode_upload(raw)
                 if message.WhichOneof("body") != "chunk":
                     raise ProtocolError("only tensor chunks may follow the UploadHeader")
                 assembler.feed(message.chunk)
-                received += message.ByteSize()
+                received += len(raw)
             assembler.finish()
         except BaseException:
             sink.discard()
@@ -291,6 +294,34 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             compute_s=header.compute_s or None,
             bytes_up=received,
         )
+
+
+def _passthrough(data: bytes) -> bytes:
+    return data
+
+
+def add_to_server(servicer: CoordinatorServicer, server: grpc.aio.Server) -> None:
+    """Register the service; bulk tensor streams travel as bytes that serde encodes.
+
+    Download replies are pre-encoded chunks (shared by every client of a round) and
+    Submit requests are decoded by the handler, so each side counts exact wire bytes
+    and malformed messages become catalogued errors instead of opaque gRPC failures.
+    """
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "Join": unary(servicer.Join, pb.JoinRequest.FromString, pb.JoinReply.SerializeToString),
+        "Heartbeat": unary(
+            servicer.Heartbeat, pb.HeartbeatRequest.FromString, pb.HeartbeatReply.SerializeToString
+        ),
+        "GetTask": unary(servicer.GetTask, pb.GetTaskRequest.FromString, pb.Task.SerializeToString),
+        "Download": grpc.unary_stream_rpc_method_handler(
+            servicer.Download, pb.DownloadRequest.FromString, _passthrough
+        ),
+        "Submit": grpc.stream_unary_rpc_method_handler(
+            servicer.Submit, _passthrough, pb.SubmitReply.SerializeToString
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
 
 
 __all__ = [

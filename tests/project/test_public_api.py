@@ -8,8 +8,13 @@ import sys
 
 import pytest
 
-PACKAGES = ["geofl.protocols.errors", "geofl.storage", "geofl.server.strategies",
-            "geofl.server.config", "geofl.client"]
+PACKAGES = [
+    "geofl.protocols.errors",
+    "geofl.storage",
+    "geofl.server.strategies",
+    "geofl.server.config",
+    "geofl.client",
+]
 
 
 @pytest.mark.parametrize("name", PACKAGES)
@@ -34,7 +39,8 @@ def test_client_package_imports_without_server_dependencies() -> None:
         "import geofl.client, geofl.client.runtime, geofl.client.cli\n"
         "print('ok')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

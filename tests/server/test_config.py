@@ -119,6 +119,7 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "heartbeat_interval_s": 5.0,
         "chunk_bytes": 1024 * 1024,
         "max_model_bytes": 8 * 1024**3,
+        "upload_buffer_bytes": 256 * 1024**2,
     }
     assert cfg.simulation.model_dump() == {"clients": 2, "app": None, "node_config": {}}
 
