@@ -13,7 +13,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -93,7 +93,8 @@ class SpoolSink:
     def read(self, offset: int, size: int) -> bytes | memoryview:
         """``size`` staged bytes from ``offset`` (a view of the buffer when in memory)."""
         if self._buffer is not None:
-            return memoryview(self._buffer[offset : offset + size])
+            view: Any = self._buffer[offset : offset + size]  # numpy arrays are buffers
+            return memoryview(view)
         if self._file is None:
             raise ValueError("the upload was discarded")
         self._file.seek(offset)

@@ -78,6 +78,23 @@ def _translated() -> Iterator[None]:
         raise _AbortError(grpc.StatusCode.INTERNAL, internal.wire_details()) from exc
 
 
+async def _wait_for_mail(session: NodeSession, registry: Registry, timeout: float) -> None:
+    """Wait until the node has mail, the run ends, or ``timeout``; never loses a task.
+
+    A task taken off the mailbox while waiting is put back, also when the call is
+    cancelled (the client went away), so the next poll still gets it.
+    """
+    getter = asyncio.ensure_future(session.mailbox.get())
+    finished = asyncio.ensure_future(registry.finished.wait())
+    try:
+        await asyncio.wait({getter, finished}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        finished.cancel()
+        getter.cancel()
+        if getter.done() and not getter.cancelled():
+            session.mailbox.put_nowait(getter.result())
+
+
 def _token(context: grpc.aio.ServicerContext[object, object]) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == SESSION_METADATA_KEY:
@@ -154,16 +171,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def _next_task(self, session: NodeSession, timeout: float) -> pb.Task:
         registry = self._s.registry
         if session.mailbox.empty() and not registry.finished.is_set():
-            getter = asyncio.ensure_future(session.mailbox.get())
-            finished = asyncio.ensure_future(registry.finished.wait())
-            done, _ = await asyncio.wait(
-                {getter, finished}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            finished.cancel()
-            if getter in done:
-                session.mailbox.put_nowait(getter.result())  # keep ordering simple
-            else:
-                getter.cancel()
+            await _wait_for_mail(session, registry, timeout)
         session.last_seen = time.monotonic()
         while not session.mailbox.empty():
             task = session.mailbox.get_nowait()

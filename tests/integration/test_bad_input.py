@@ -191,3 +191,28 @@ def test_protocol_version_mismatch_is_a_clear_error(tmp_path: Path, serve: Any) 
     channel.close()
     server.add_client(0)
     assert server.wait().status == "completed"
+
+
+def test_client_that_vanishes_mid_round_is_dropped_by_liveness(tmp_path: Path, serve: Any) -> None:
+    """No heartbeats after taking a task: dropped long before the 60 s round deadline."""
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        schedule={"deadline_s": 60},
+        strategy={"clients_per_round": 3, "min_clients": 2},
+    )
+    server = serve(config)
+    server.add_client(0)
+    server.add_client(1)
+    errors: list[BaseException] = []
+    raw = _raw_client(server.port, "ghost", lambda conn, task: None, errors)
+    result = server.wait(timeout=40)
+    raw.join(10)
+    assert not errors, errors
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        detail = queries.run_detail(session, result.run_id)
+    ghost = [p for p in detail.participations if p.node_name == "ghost"]
+    assert [p.status for p in ghost] == ["dropped"]
+    assert "heartbeats" in (ghost[0].reason or "")
+    assert detail.rounds[0].status == "committed" and detail.rounds[0].num_succeeded == 2

@@ -27,8 +27,11 @@ def _final_weights(config: Any, run_id: int) -> dict[str, np.ndarray]:
     return weights
 
 
-def test_fedavg_rounds_aggregate_exactly_and_are_recorded(tmp_path: Path, serve: Any) -> None:
-    config = run_config(tmp_path)
+def test_fedavg_rounds_aggregate_exactly_and_are_recorded(
+    tmp_path: Path, serve: Any, database_url: str
+) -> None:
+    """The whole round over gRPC, recorded on SQLite and on PostgreSQL."""
+    config = run_config(tmp_path, storage={"url": database_url})
     server = serve(config)
     for partition in range(3):
         server.add_client(partition)
