@@ -257,6 +257,7 @@ class RoundEngine:
         config: dict[str, Scalar],
     ) -> list[TaskRecord]:
         deadline = time.time() + self._cfg.deadline_s
+        config = {**config, "server_round": number}
         return [
             self._registry.assign(s, kind, number, version, dict(config), deadline)  # type: ignore[arg-type]
             for s in cohort

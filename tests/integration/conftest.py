@@ -60,14 +60,16 @@ class ServerHandle:
     runtimes: list[ClientRuntime] = field(default_factory=list)
     errors: list[BaseException] = field(default_factory=list)
 
-    def add_client(self, partition: int, **node_config: Any) -> ClientRuntime:
+    def add_client(
+        self, partition: int, app: str = "geofl_testapp:client_app", **node_config: Any
+    ) -> ClientRuntime:
         options = ClientOptions(
             server=f"127.0.0.1:{self.port}",
             node_name=f"node-{partition}",
             node_config={"partition-id": partition, **node_config},
             reconnect_for_s=10,
         )
-        runtime = ClientRuntime(options, load_client_app("geofl_testapp:client_app"))
+        runtime = ClientRuntime(options, load_client_app(app))
 
         def serve() -> None:
             try:

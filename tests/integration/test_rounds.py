@@ -110,3 +110,22 @@ def test_straggler_past_the_deadline_is_recorded_late(tmp_path: Path, serve: Any
     statuses = {p.node_name: p.status for p in detail.participations}
     assert statuses == {"node-0": "ok", "node-1": "ok", "node-2": "late"}
     assert detail.rounds[0].status == "committed"
+
+
+def test_model_larger_than_grpc_message_limit_streams_in_chunks(tmp_path: Path, serve: Any) -> None:
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0, "server": None},
+        model="geofl_testapp:make_large_model",
+        strategy={"clients_per_round": 2, "min_clients": 2},
+    )
+    server = serve(config)
+    server.add_client(0, app="geofl_testapp:shift_app")
+    server.add_client(1, app="geofl_testapp:shift_app")
+    result = server.wait()
+    weights = _final_weights(config, result.run_id)
+    np.testing.assert_array_equal(weights["big"], np.full(6_000_000, 1.5, np.float32))
+    detail = _detail(config, result.run_id)
+    fits = [p for p in detail.participations if p.kind == "fit"]
+    assert all(p.bytes_up > 24_000_000 and p.bytes_down > 24_000_000 for p in fits)

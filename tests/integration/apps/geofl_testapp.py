@@ -58,3 +58,20 @@ def client_app(context: ClientContext) -> Client:
         str(node.get("behaviour", "ok")),
         float(node.get("delay_s", 1.0)),
     )
+
+
+def make_large_model() -> Weights:
+    """6 M float32 values (24 MB): far above gRPC's 4 MiB default message limit."""
+    return {"big": np.zeros(6_000_000, np.float32), "b": np.zeros(3, np.float32)}
+
+
+class ShiftClient(Client):
+    def __init__(self, shift: float) -> None:
+        self.shift = shift
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        return {k: v + self.shift for k, v in parameters.items()}, 1, {}
+
+
+def shift_app(context: ClientContext) -> Client:
+    return ShiftClient(1.0 + float(context.node_config.get("partition-id", 0)))
