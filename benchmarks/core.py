@@ -11,9 +11,11 @@ The :class:`RunContext` is the seam between the two: a system starts its process
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -33,6 +35,7 @@ __all__ = [
     "System",
     "SystemRun",
     "Workload",
+    "console_script",
     "free_port",
     "stop_tree",
     "stop_trees",
@@ -156,6 +159,8 @@ class RunContext:
 
     def check_alive(self) -> None:
         """Fail fast, naming the log, if a long-lived process died."""
+        if self.monitor.exceeded:
+            raise BenchmarkError(f"memory brake: {self.monitor.exceeded}")
         for proc in self.procs:
             code = proc.poll()
             if code is not None and code != 0:
@@ -227,6 +232,15 @@ def wait_for_port(port: int, timeout_s: float, ctx: RunContext | None = None) ->
                 return
         time.sleep(0.2)
     raise BenchmarkError(f"nothing listened on 127.0.0.1:{port} within {timeout_s:.0f} s")
+
+
+def console_script(name: str) -> str:
+    """A console script of the running interpreter's environment (the venv's Flower, geofl)."""
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if found is None:
+        raise BenchmarkError(f"{name!r} not found next to {sys.executable} or on PATH")
+    return found
 
 
 def free_port() -> int:

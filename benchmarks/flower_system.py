@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from benchmarks.core import (
     System,
     SystemRun,
     Workload,
+    console_script,
     free_port,
     wait_for_port,
 )
@@ -69,15 +69,6 @@ def read_events(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines if line.strip()]
 
 
-def _bin(name: str) -> str:
-    """A console script of the running interpreter's environment (the venv's Flower)."""
-    candidate = Path(sys.executable).parent / name
-    found = str(candidate) if candidate.exists() else shutil.which(name)
-    if found is None:
-        raise BenchmarkError(f"{name!r} not found next to {sys.executable} or on PATH")
-    return found
-
-
 class FlowerSystem(System):
     """Deploy Flower for a workload and read round times from the ServerApp's log."""
 
@@ -108,7 +99,7 @@ class FlowerSystem(System):
 
     def _start_superlink(self, ctx: RunContext) -> None:
         argv = [
-            _bin("flower-superlink"),
+            console_script("flower-superlink"),
             "--insecure",
             "--host",
             "127.0.0.1",
@@ -121,7 +112,7 @@ class FlowerSystem(System):
 
     def _start_supernode(self, ctx: RunContext, index: int, total: int) -> None:
         argv = [
-            _bin("flower-supernode"),
+            console_script("flower-supernode"),
             "--insecure",
             "--superlink",
             f"127.0.0.1:{ctx.client_port}",
@@ -142,7 +133,7 @@ class FlowerSystem(System):
         (home / "config.toml").write_text(cli_config_toml(_CONNECTION, ctx.server_port))
         env = {**os.environ, **_OFFLINE_ENV, "FLWR_HOME": str(home)}
         done = subprocess.run(
-            [_bin("flwr"), *args],
+            [console_script("flwr"), *args],
             capture_output=True,
             text=True,
             env=env,

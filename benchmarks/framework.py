@@ -33,7 +33,7 @@ from benchmarks.geofl_system import GeoflSystem
 from benchmarks.harness import run_case
 from benchmarks.loopback_bound import measure_loopback
 
-__all__ = ["SYSTEMS", "build_report", "main", "parse_int_list", "ratios"]
+__all__ = ["SYSTEMS", "build_report", "main", "medians", "parse_int_list", "ratios"]
 
 #: Systems selectable with ``--systems``.
 SYSTEMS: dict[str, Callable[[], System]] = {"flower": FlowerSystem, "geofl": GeoflSystem}
@@ -82,6 +82,29 @@ def ratios(cases: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def medians(
+    cases: Sequence[dict[str, Any]], bounds: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Per (system, size): the median over successful repeats of every ratio metric.
+
+    ``round_s_over_loopback`` divides the median s/round by the loopback bound of the same
+    size (None without a bound): how close a framework gets to moving bare bytes.
+    """
+    bound = {b["params"]: b["median_s"] for b in bounds if b.get("ok")}
+    out = []
+    for system, params in sorted({(c["system"], c["params"]) for c in cases}):
+        group = [c for c in cases if c["system"] == system and c["params"] == params]
+        row: dict[str, Any] = {"system": system, "params": params}
+        row["repeats_ok"] = sum(1 for c in group if c.get("ok"))
+        row["repeats"] = len(group)
+        for key in _RATIO_KEYS:
+            row[key] = _median_of_repeats(group, key)
+        per_round, limit = row["median_round_s"], bound.get(params)
+        row["round_s_over_loopback"] = per_round / limit if per_round and limit else None
+        out.append(row)
+    return out
+
+
 def build_report(
     cases: list[dict[str, Any]], bounds: list[dict[str, Any]], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -90,8 +113,15 @@ def build_report(
         "benchmark": "framework-overhead",
         "created_unix": time.time(),
         "host": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "settings": {"clients": args.clients, "rounds": args.rounds, "repeats": args.repeats},
+        "settings": {
+            "systems": args.systems,
+            "clients": args.clients,
+            "rounds": args.rounds,
+            "repeats": args.repeats,
+            "max_rss_gb": args.max_rss_gb,
+        },
         "cases": cases,
+        "medians_over_repeats": medians(cases, bounds),
         "loopback_bound": bounds,
         "ratios_geofl_over_flower": ratios(cases),
     }
@@ -125,6 +155,12 @@ def print_table(report: dict[str, Any], console: Console) -> None:
         ok = "yes" if b["ok"] else f"NO: {b.get('error', '')[:60]}"
         table.add_row("loopback", f"{b['params']:,}", ok, _fmt(b["median_s"], ".3f"))
     console.print(table)
+    for m in report["medians_over_repeats"]:
+        console.print(
+            f"{m['system']} {m['params']:,}: median over {m['repeats_ok']}/{m['repeats']} "
+            f"repeats {_fmt(m['median_round_s'], '.3f')} s/round "
+            f"= {_fmt(m['round_s_over_loopback'])} x loopback bound"
+        )
     for r in report["ratios_geofl_over_flower"]:
         parts = ", ".join(f"{k}={_fmt(r[k], '.3f')}" for k in _RATIO_KEYS)
         console.print(f"geofl/Flower at {r['params']:,} params: {parts}")
@@ -141,6 +177,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/framework.json"))
     parser.add_argument("--no-loopback", action="store_true", help="skip the loopback bound")
     parser.add_argument("--keep-workdirs", action="store_true", help="keep logs of good runs")
+    parser.add_argument(
+        "--max-rss-gb",
+        type=float,
+        default=16.0,
+        help="kill a deployment whose processes together pass this resident memory (GB)",
+    )
     args = parser.parse_args(argv)
     unknown = [s for s in args.systems.split(",") if s not in SYSTEMS]
     if unknown:
@@ -181,7 +223,8 @@ def main(argv: list[str] | None = None) -> None:
         for repeat in range(args.repeats):
             for name in args.systems.split(","):
                 console.print(f"[bold]{name}[/bold] {params:,} params, repeat {repeat + 1}")
-                record = run_case(SYSTEMS[name](), workload, args.keep_workdirs)
+                limit = int(args.max_rss_gb * 1e9)
+                record = run_case(SYSTEMS[name](), workload, args.keep_workdirs, limit)
                 record["repeat"] = repeat
                 cases.append(record)
                 _write(build_report(cases, bounds, args), args.out)

@@ -61,6 +61,15 @@ def _site_peaks(peaks: dict[str, GroupPeaks]) -> dict[str, Any]:
     }
 
 
+def _failed_peaks(peaks: dict[str, GroupPeaks]) -> dict[str, Any]:
+    """Memory peaks up to the failure: how far a deployment got matters (e.g. out of memory)."""
+    server = peaks.get(SERVER_GROUP)
+    return {
+        "peak_rss_server_mb": server.peak_sum_rss / _MB if server else None,
+        **_site_peaks(peaks),
+    }
+
+
 def summarize_case(
     system: str,
     workload: Workload,
@@ -122,14 +131,21 @@ def _stop_proxy(proc: subprocess.Popen[bytes]) -> None:
         stop_tree(proc.pid)
 
 
-def run_case(system: System, workload: Workload, keep_workdir: bool = False) -> dict[str, Any]:
+def run_case(
+    system: System,
+    workload: Workload,
+    keep_workdir: bool = False,
+    max_rss_bytes: int | None = None,
+) -> dict[str, Any]:
     """Deploy ``system`` for ``workload``, measure it, always clean up; return its record.
 
     A failure becomes a record with ``ok: false`` and the error, so one broken case does
-    not lose the others' numbers.
+    not lose the others' numbers. With ``max_rss_bytes``, the deployment is killed as soon
+    as its processes together pass that much resident memory (a failed case).
     """
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.name}-{workload.params}-"))
-    ctx = RunContext(workdir, free_port(), free_port(), ProcessMonitor(0.25))
+    monitor = ProcessMonitor(0.25, max_rss_bytes)
+    ctx = RunContext(workdir, free_port(), free_port(), monitor)
     load_before = os.getloadavg()
     started = time.monotonic()
     proxy = _start_proxy(workdir, ctx.client_port, ctx.server_port)
@@ -142,12 +158,14 @@ def run_case(system: System, workload: Workload, keep_workdir: bool = False) -> 
             system.name, workload, run, read_byte_samples(workdir / "bytes.jsonl"), peaks
         )
     except (BenchmarkError, NotImplementedError, OSError, subprocess.SubprocessError) as exc:
-        ctx.monitor.stop()
+        peaks = ctx.monitor.stop()
         record = {"system": system.name, "params": workload.params, "ok": False}
         record |= {"clients": workload.clients, "rounds": workload.rounds, "error": str(exc)}
+        record |= _failed_peaks(peaks)
     finally:
         ctx.stop_all()
         _stop_proxy(proxy)
+    record["peak_rss_total_mb"] = monitor.peak_total_rss / _MB
     record["wall_s"] = time.monotonic() - started
     record["load_before"] = list(load_before)
     record["load_after"] = list(os.getloadavg())

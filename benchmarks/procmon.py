@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 
 import psutil
 
-__all__ = ["GroupPeaks", "ProcSample", "ProcessMonitor", "classify_cmdline", "summarize"]
+__all__ = [
+    "GroupPeaks",
+    "ProcSample",
+    "ProcessMonitor",
+    "classify_cmdline",
+    "kill_trees",
+    "sample_once",
+    "summarize",
+]
 
 #: (substring of the command line, kind); first match wins, so specific names come first.
 _KINDS: tuple[tuple[str, str], ...] = (
@@ -120,14 +128,35 @@ def sample_once(roots: Mapping[str, Iterable[int]], t: float) -> list[ProcSample
     return out
 
 
+def kill_trees(roots: Mapping[str, Iterable[int]]) -> None:
+    """SIGKILL every process under the given roots (children first): the memory brake."""
+    for pids in roots.values():
+        for pid in pids:
+            try:
+                root = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            for proc in reversed(_tree(root)):
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    continue
+
+
 class ProcessMonitor:
     """Sample the trees under registered root PIDs in a background thread.
 
-    Roots may be added while it runs (clients start after the server).
+    Roots may be added while it runs (clients start after the server). With
+    ``limit_bytes``, the first sample whose total RSS over all groups passes the limit kills
+    every tree at once (a runaway deployment must not take the shared host down) and sets
+    :attr:`exceeded` to a message saying so.
     """
 
-    def __init__(self, interval_s: float = 0.25) -> None:
+    def __init__(self, interval_s: float = 0.25, limit_bytes: int | None = None) -> None:
         self.interval_s = interval_s
+        self.limit_bytes = limit_bytes
+        self.exceeded: str | None = None
+        self.peak_total_rss = 0
         self.samples: list[ProcSample] = []
         self._roots: dict[str, list[int]] = {}
         self._lock = threading.Lock()
@@ -153,5 +182,14 @@ class ProcessMonitor:
         while not self._stop.is_set():
             with self._lock:
                 roots = {g: list(p) for g, p in self._roots.items()}
-            self.samples.extend(sample_once(roots, time.time()))
+            batch = sample_once(roots, time.time())
+            self.samples.extend(batch)
+            total = sum(s.rss for s in batch)
+            self.peak_total_rss = max(self.peak_total_rss, total)
+            if self.limit_bytes is not None and total > self.limit_bytes and not self.exceeded:
+                self.exceeded = (
+                    f"total RSS {total / 1e9:.2f} GB passed the limit of "
+                    f"{self.limit_bytes / 1e9:.2f} GB; every process was killed"
+                )
+                kill_trees(roots)
             self._stop.wait(self.interval_s)

@@ -33,7 +33,7 @@ from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.spool import SpooledUpdate
-from geofl.server.strategies import Strategy, UpdateRejected
+from geofl.server.strategies import Strategy, StrategyError, UpdateRejected
 
 log = logging.getLogger(__name__)
 
@@ -196,10 +196,14 @@ class RoundEngine:
             )
         clock.enter(Phase.AGGREGATE)
         record.train_loss, record.fit_metrics = self._summarise(fit_results)
-        mean = await asyncio.to_thread(accumulator.mean)
-        new_weights = await asyncio.to_thread(
-            self._strategy.apply, self.weights, mean, record.number
-        )
+        try:
+            mean = await asyncio.to_thread(accumulator.mean)
+            new_weights = await asyncio.to_thread(
+                self._strategy.apply, self.weights, mean, record.number
+            )
+        except StrategyError as exc:  # e.g. an aggregate that overflows float16
+            clock.enter(Phase.FAILED)
+            raise RoundFailedError(f"aggregation failed: {exc}") from exc
         self._models.put(record.number, new_weights)
         clock.enter(Phase.EVALUATE)
         await self._evaluate(record, new_weights)
@@ -325,8 +329,12 @@ class RoundEngine:
             results = await self._collect(record, tasks)
             record.eval_loss, record.eval_metrics = self._summarise(results)
         if self._server_evaluate is not None:
-            loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
-            record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
+            try:
+                loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
+            except Exception:  # the user's evaluation failed: the model still commits
+                log.exception("server-side evaluation failed in round %d", record.number)
+            else:
+                record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
 
     def _summarise(self, results: Sequence[Outcome]) -> tuple[float | None, Metrics]:
         pairs = [(r.num_examples, r.metrics) for r in results]
