@@ -14,6 +14,7 @@ __all__ = [
     "framework",
     "geofl_system",
     "harness",
+    "ingest_cost",
     "loopback_bound",
     "metrics",
     "procmon",

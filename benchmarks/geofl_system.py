@@ -227,7 +227,7 @@ class GeoflSystem(System):
             if all(proc.poll() is not None for proc in ctx.procs):
                 return
             time.sleep(0.5)
-        running = [" ".join(map(str, p.args)) for p in ctx.procs if p.poll() is None]
+        running = [str(p.args) for p in ctx.procs if p.poll() is None]
         raise BenchmarkError(
             f"geofl run did not finish within {timeout_s:.0f} s; still running: {running[:3]}; "
             f"logs in {ctx.workdir / 'logs'}"

@@ -33,7 +33,7 @@ from benchmarks.core import (
 from benchmarks.metrics import ByteSample, median_or_none, proxy_bytes_per_round
 from benchmarks.procmon import GroupPeaks, ProcessMonitor
 
-__all__ = ["read_byte_samples", "run_case", "summarize_case"]
+__all__ = ["read_byte_samples", "run_case", "summarize_case", "write_rss_timeline"]
 
 _MB = 1e6
 
@@ -44,6 +44,16 @@ def read_byte_samples(path: Path) -> list[ByteSample]:
         return []
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [ByteSample(float(r["t"]), int(r["up"]), int(r["down"])) for r in rows]
+
+
+def write_rss_timeline(monitor: ProcessMonitor, path: Path) -> None:
+    """Save the summed RSS of each group at each sample (JSON lines): when did the peak come?"""
+    sums: dict[tuple[float, str], int] = {}
+    for sample in monitor.samples:
+        sums[(sample.t, sample.group)] = sums.get((sample.t, sample.group), 0) + sample.rss
+    with path.open("w", encoding="utf-8") as out:
+        for (t, group), rss in sorted(sums.items()):
+            out.write(json.dumps({"t": t, "group": group, "rss": rss}) + "\n")
 
 
 def _site_peaks(peaks: dict[str, GroupPeaks]) -> dict[str, Any]:
@@ -172,4 +182,6 @@ def run_case(
     record["workdir"] = str(workdir) if keep_workdir or not record["ok"] else None
     if record["workdir"] is None:
         shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        write_rss_timeline(monitor, workdir / "rss.jsonl")
     return record

@@ -7,6 +7,8 @@ import asyncio
 import importlib
 import importlib.util
 import itertools
+import json
+import signal
 import sys
 import tomllib
 from pathlib import Path
@@ -42,22 +44,41 @@ def _ensure_benchmarks_importable() -> None:
 _ensure_benchmarks_importable()
 
 from benchmarks.byteproxy import ByteProxy, parse_hostport  # noqa: E402
-from benchmarks.core import BenchmarkError, RoundRecord, SystemRun, Workload  # noqa: E402
+from benchmarks.core import (  # noqa: E402
+    BenchmarkError,
+    RoundRecord,
+    RunContext,
+    SystemRun,
+    Workload,
+)
 from benchmarks.flower_system import (  # noqa: E402
     FLOWER_APP_TEMPLATE,
     cli_config_toml,
     traffic_from_ls,
 )
-from benchmarks.framework import parse_int_list, ratios  # noqa: E402
-from benchmarks.geofl_system import GeoflSystem, rounds_from_runs_show  # noqa: E402
-from benchmarks.harness import summarize_case  # noqa: E402
+from benchmarks.framework import medians, parse_int_list, ratios  # noqa: E402
+from benchmarks.geofl_system import (  # noqa: E402
+    GEOFL_MODEL,
+    GeoflSystem,
+    checkpoint_dir,
+    final_shift,
+    phase_medians,
+    rounds_from_runs_show,
+)
+from benchmarks.harness import summarize_case, write_rss_timeline  # noqa: E402
 from benchmarks.metrics import (  # noqa: E402
     ByteSample,
     bytes_between,
     proxy_bytes_per_round,
     rounds_from_events,
 )
-from benchmarks.procmon import GroupPeaks, ProcSample, classify_cmdline, summarize  # noqa: E402
+from benchmarks.procmon import (  # noqa: E402
+    GroupPeaks,
+    ProcessMonitor,
+    ProcSample,
+    classify_cmdline,
+    summarize,
+)
 
 # ---------------------------------------------------------------- procmon
 
@@ -202,9 +223,80 @@ def test_rounds_from_runs_show_parses_and_sorts() -> None:
         rounds_from_runs_show({"rounds": [{"number": 1}]})
 
 
-def test_geofl_system_is_a_marked_stub(tmp_path: Path) -> None:
-    with pytest.raises(NotImplementedError, match="wired by the lead"):
-        GeoflSystem().run(Workload(10, 2, 1), None)  # type: ignore[arg-type]
+def test_rounds_from_runs_show_reads_naive_timestamps_as_utc() -> None:
+    reply = {"rounds": [{"number": 1, "duration_s": 1.0, "started_at": "2025-01-01T00:00:00"}]}
+    assert rounds_from_runs_show(reply)[0].start_wall == 1735689600.0
+
+
+def test_geofl_run_yaml_is_a_valid_geofl_config(tmp_path: Path) -> None:
+    from geofl.server.config.loader import load_config
+
+    ctx = RunContext(tmp_path, 4321, 4322, ProcessMonitor())
+    path = GeoflSystem().write_config(Workload(10, 7, 4, 99.0), ctx, tmp_path / "g.db")
+    config = load_config(path)
+    assert config.run.rounds == 4 and config.model == GEOFL_MODEL
+    assert config.strategy.name == "fedavg"
+    assert (config.strategy.clients_per_round, config.strategy.min_clients) == (7, 7)
+    assert config.evaluation.every == 0
+    assert config.server.address == "127.0.0.1:4321"
+    assert config.storage.url == f"sqlite:///{tmp_path / 'g.db'}"
+    assert config.storage.checkpoints == checkpoint_dir(tmp_path / "g.db")
+    assert config.schedule.wait_for_clients_s == 99.0
+
+
+def test_final_shift_is_the_mean_difference_and_checks_the_model() -> None:
+    start = {"a": np.zeros((2, 3), np.float32), "b": np.ones(4, np.float32)}
+    end = {"a": np.full((2, 3), 2.0, np.float32), "b": np.full(4, 4.0, np.float32)}
+    assert final_shift(start, end) == pytest.approx((6 * 2.0 + 4 * 3.0) / 10)
+    with pytest.raises(BenchmarkError, match="differ"):
+        final_shift(start, {"a": end["a"]})
+    with pytest.raises(BenchmarkError, match="tensor 'b'"):
+        final_shift(start, {"a": end["a"], "b": np.zeros(5, np.float32)})
+
+
+def test_phase_medians_take_the_median_per_phase() -> None:
+    reply = {
+        "rounds": [
+            {"phase_durations": {"fit": 1.0, "broadcast": 0.5}},
+            {"phase_durations": {"fit": 3.0, "broadcast": 0.1}},
+            {"phase_durations": {"fit": 2.0, "select": 9.0}},
+        ]
+    }
+    assert phase_medians(reply) == {"broadcast": 0.3, "fit": 2.0, "select": 9.0}
+    assert phase_medians({"rounds": "x"}) == {}
+
+
+def test_rss_timeline_sums_each_group_per_sample(tmp_path: Path) -> None:
+    monitor = ProcessMonitor()
+    monitor.samples = [
+        ProcSample(1.0, "server", 10, "geofl-server", 100),
+        ProcSample(1.0, "server", 11, "other", 5),
+        ProcSample(1.0, "site-0", 20, "geofl-client", 7),
+        ProcSample(2.0, "server", 10, "geofl-server", 300),
+    ]
+    write_rss_timeline(monitor, tmp_path / "rss.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "rss.jsonl").read_text().splitlines()]
+    assert rows == [
+        {"t": 1.0, "group": "server", "rss": 105},
+        {"t": 1.0, "group": "site-0", "rss": 7},
+        {"t": 2.0, "group": "server", "rss": 300},
+    ]
+
+
+def test_memory_brake_kills_the_tree_and_fails_the_case(tmp_path: Path) -> None:
+    monitor = ProcessMonitor(0.05, limit_bytes=1)
+    ctx = RunContext(tmp_path, 1, 2, monitor)
+    proc = ctx.spawn("server", "sleeper", [sys.executable, "-c", "import time; time.sleep(60)"])
+    monitor.start()
+    try:
+        code = proc.wait(timeout=30)
+    finally:
+        monitor.stop()
+        ctx.stop_all()
+    assert code == -signal.SIGKILL
+    assert monitor.exceeded is not None and "passed the limit" in monitor.exceeded
+    with pytest.raises(BenchmarkError, match="memory brake"):
+        ctx.check_alive()
 
 
 # ---------------------------------------------------------------- harness / report
@@ -241,6 +333,22 @@ def test_ratios_divide_geofl_by_flower_and_never_invent() -> None:
     assert rows[1]["median_round_s"] == pytest.approx(0.1)
     assert rows[2]["median_round_s"] is None
     assert rows[1]["peak_rss_server_mb"] is None
+
+
+def test_medians_over_repeats_and_loopback_ratio() -> None:
+    cases = [
+        {"system": "geofl", "params": 1, "ok": True, "median_round_s": 3.0},
+        {"system": "geofl", "params": 1, "ok": True, "median_round_s": 1.0},
+        {"system": "geofl", "params": 1, "ok": False, "median_round_s": 99.0},
+        {"system": "flower", "params": 1, "ok": True, "median_round_s": 8.0},
+    ]
+    bounds = [{"params": 1, "ok": True, "median_s": 0.5}]
+    rows = {r["system"]: r for r in medians(cases, bounds)}
+    assert rows["geofl"]["median_round_s"] == 2.0  # the failed repeat is left out
+    assert (rows["geofl"]["repeats_ok"], rows["geofl"]["repeats"]) == (2, 3)
+    assert rows["geofl"]["round_s_over_loopback"] == 4.0
+    assert rows["flower"]["round_s_over_loopback"] == 16.0
+    assert medians(cases, [])[0]["round_s_over_loopback"] is None
 
 
 def test_parse_int_list() -> None:
