@@ -1,5 +1,5 @@
 """``python -m geofl.client``: the client without the server's dependencies."""
 
-from geofl.client.cli import main
+from geofl.client.cli import exit_process, main
 
-raise SystemExit(main())
+exit_process(main())

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from geofl.client.app import ClientAppError, load_client_app
 from geofl.client.runtime import ClientOptions, ClientRuntime, GaveUpError
@@ -128,6 +129,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"geofl client: error: {exc}", file=sys.stderr)
         return EXIT_PROTOCOL if exc.code is ErrorCode.PROTOCOL_VERSION else EXIT_FAILED
     return EXIT_OK
+
+
+def exit_process(code: int) -> NoReturn:
+    """Exit without tearing down the interpreter's native extensions.
+
+    After the run, grpc's and torch's native threads can abort the process while the
+    interpreter finalizes ("terminate called without an active exception", seen in
+    about 7 % of client exits on this machine), turning a clean run into exit code
+    -6.  Everything of ours is closed and flushed by now, so skip finalization.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

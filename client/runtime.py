@@ -114,6 +114,7 @@ class ClientRuntime:
                     log.info("session expired; joining again")
         finally:
             self._stop.set()
+            beat.join(timeout=10.0)  # never leave a thread inside a gRPC call at exit
             self._conn.close()
 
     def _join(self) -> None:

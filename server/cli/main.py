@@ -124,13 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # user code (model, apps) imports from here
     if args.command == "client":
-        from geofl.client.cli import run
+        from geofl.client.cli import exit_process, run
 
-        return run(args)
+        exit_process(run(args))
     if args.command in ("server", "simulate"):
+        from geofl.client.cli import exit_process
         from geofl.server.cli.serve import run_serve
 
-        return run_serve(args)
+        exit_process(run_serve(args))
     from geofl.server.cli.inspect import run_inspect
 
     return run_inspect(args)

@@ -164,9 +164,26 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
-    """Run the event loop; SIGTERM behaves like Ctrl-C."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    return asyncio.run(_serve(config, simulate))
+    """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt).
+
+    Cancelling the main task lets every ``finally`` run: client processes are
+    stopped and the gRPC server shuts down on its own loop, instead of being torn
+    down by the interpreter later.
+    """
+
+    async def main() -> tuple[RunResult, list[int]]:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - asyncio.run always runs main() as a task
+            raise RuntimeError("no current task")
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, task.cancel)
+        return await _serve(config, simulate)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
 
 
 def _report(result: RunResult, codes: Sequence[int]) -> int:

@@ -168,6 +168,11 @@ def test_unknown_session_and_task_are_refused(tmp_path: Path, serve: Any) -> Non
         conn.submit(bogus, GOOD, 1 << 16, 5)
     assert refused.value.code is ErrorCode.UNKNOWN_TASK
     conn.close()
+    # Let liveness retire the probe so that it is not selected for the round.
+    deadline = time.monotonic() + 10
+    while server.coordinator.registry.online():
+        assert time.monotonic() < deadline, "the silent probe never went offline"
+        time.sleep(0.1)
     server.add_client(0)
     server.add_client(1)
     assert server.wait().status == "completed"
