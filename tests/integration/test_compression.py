@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -170,3 +171,58 @@ def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> Non
     server.wait()
     raw.join(10)
     assert not errors, errors
+
+
+def test_runs_show_reports_compression_per_round_and_region(tmp_path: Path) -> None:
+    from .processes import run_geofl, write_config
+
+    config = write_config(
+        tmp_path,
+        model="geofl_testapp:make_large_model",
+        evaluation={"every": 0},
+        compression={
+            "up": [{"qsgd": {"bits": 4}}],
+            "min_bytes": 0,
+            "regions": {"eu": {"up": "fp16"}},
+        },
+        simulation={"app": "geofl_testapp:shift_app", "node_config": {}},
+    )
+    run = run_geofl(tmp_path, "simulate", "-c", str(config), "--set", "run.rounds=1")
+    assert run.returncode == 0, run.stderr
+    db = f"sqlite:///{tmp_path / 'runs' / 'geofl.db'}"
+    shown = run_geofl(tmp_path, "runs", "show", "1", "--db", db)
+    assert "traffic by region" in shown.stdout
+    detail = json.loads(run_geofl(tmp_path, "runs", "show", "1", "--db", db, "--json").stdout)
+    (round_,) = detail["rounds"]
+    ratio = round_["bytes_up"] / round_["bytes_up_raw"]
+    assert 0.12 < ratio < 0.14  # 4-bit codes plus per-block scales
+
+
+def test_region_overrides_choose_each_clients_codecs(tmp_path: Path, serve: Any) -> None:
+    config = run_config(
+        tmp_path,
+        run={"rounds": 2},
+        evaluation={"every": 0, "server": None},
+        model="geofl_testapp:make_large_model",
+        strategy={"clients_per_round": 2, "min_clients": 2},
+        compression={
+            "up": [{"qsgd": {"bits": 4}}],
+            "down": "fp16",
+            "regions": {"eu": {"up": "fp16", "down": []}},
+        },
+    )
+    server = serve(config)
+    server.add_client(0, app="geofl_testapp:shift_app", region="eu")
+    server.add_client(1, app="geofl_testapp:shift_app", region="ap")
+    result = server.wait()
+    detail = _detail(config, result.run_id)
+    for p in detail.participations:
+        ratio = p.bytes_up / p.bytes_up_raw
+        if p.node_region == "eu":
+            assert 0.49 < ratio < 0.51  # fp16
+        else:
+            assert 0.12 < ratio < 0.14  # 4-bit
+    eu_round2 = [p for p in detail.participations if p.round_number == 2 and p.node_region == "eu"]
+    ap_round2 = [p for p in detail.participations if p.round_number == 2 and p.node_region == "ap"]
+    assert eu_round2[0].bytes_down >= eu_round2[0].bytes_down_raw  # eu: uncompressed broadcast
+    assert ap_round2[0].bytes_down < 0.55 * ap_round2[0].bytes_down_raw  # ap: fp16 difference
