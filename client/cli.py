@@ -88,6 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="give up after the server was unreachable this long (default 300)",
     )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path(".geofl-state"),
+        metavar="DIR",
+        help="where compression state (error-feedback residuals) is kept "
+        "across restarts (default: .geofl-state)",
+    )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
 
 
@@ -114,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         node_config=node_config,
         root_certificates=args.root_certificates,
         reconnect_for_s=args.reconnect_for,
+        state_dir=args.state_dir,
     )
     if args.name:
         options.node_name = args.name

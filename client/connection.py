@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-from geofl.protocols import serde
+from geofl.protocols import serde, streams
 from geofl.protocols.errors import GeoflError, error_from_details
+from geofl.protocols.tensors import Tensorish
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
@@ -135,12 +136,21 @@ class Connection:
             raise translate(exc) from exc
         return task
 
-    def download(self, task: pb.Task, timeout: float | None) -> tuple[Weights, int]:
-        """Stream the task's model version; returns the weights and the bytes received."""
-        sink = serde.ArraySink()
-        assembler = serde.Assembler(sink, max_total_bytes=max(task.model_bytes, 1))
+    def download(
+        self, task: pb.Task, timeout: float | None, base: tuple[int, WeightsView] | None = None
+    ) -> tuple[Weights, int]:
+        """Stream the task's model version; returns the weights and the bytes received.
+
+        With ``base`` (a version the client holds and its weights) the server may send
+        only the compressed difference, which is added to the base here.
+        """
+        sink = streams.ArraySink(base[1] if base is not None else None)
+        limit = 2 * max(task.model_bytes, 1) + (64 << 10)
+        assembler = streams.Assembler(sink, max_total_bytes=limit)
         received = 0
         request = pb.DownloadRequest(task_id=task.task_id, model_version=task.model_version)
+        if base is not None:
+            request.base_version, request.has_base = base[0], True
         try:
             for raw in self._download(request, metadata=self._metadata(), timeout=timeout):
                 assembler.feed(serde.decode_chunk(raw))
@@ -153,7 +163,7 @@ class Connection:
     def submit(
         self,
         header: pb.UploadHeader,
-        tensors: WeightsView | None,
+        tensors: Mapping[str, Tensorish] | None,
         chunk_bytes: int,
         timeout: float | None,
     ) -> int:
@@ -162,7 +172,7 @@ class Connection:
 
         def messages() -> Iterator[bytes]:
             nonlocal sent
-            for raw in serde.encode_upload(header, tensors, chunk_bytes):
+            for raw in streams.encode_upload(header, tensors, chunk_bytes):
                 sent += len(raw)
                 yield raw
 

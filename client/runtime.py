@@ -13,19 +13,20 @@ import random
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from geofl.client.app import Client, ClientContext
+from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
 from geofl.protocols.errors import GeoflError, SessionError
-from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, scalar_map
-from geofl.protocols.tensors import check_matches, spec_of
+from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, plan_from_proto, scalar_map
+from geofl.protocols.tensors import Tensorish, check_matches, spec_of
 from geofl.protocols.tuning import tune_allocator
-from geofl.protocols.types import Scalar, Weights, WeightsView
+from geofl.protocols.types import Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class ClientOptions:
     backoff_base_s: float = 0.25
     backoff_max_s: float = 5.0
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    #: Where compression state (error-feedback residuals) survives restarts; None = memory.
+    state_dir: Path | None = None
 
 
 class GaveUpError(Exception):
@@ -84,6 +87,10 @@ class ClientRuntime:
         self._context: ClientContext | None = None
         self._cache: tuple[int, Weights] | None = None
         self._conn = Connection(options.server, options.root_certificates)
+        state_file = None
+        if options.state_dir is not None:
+            state_file = options.state_dir / f"{options.node_name}.compression.safetensors"
+        self._compressor = UploadCompressor(state_file)
         self._stop = threading.Event()
         self._rejoin = threading.Event()
         self.session: Session | None = None
@@ -168,7 +175,7 @@ class ClientRuntime:
     def _model(self, task: pb.Task) -> Weights:
         if self._cache is not None and self._cache[0] == task.model_version:
             return self._cache[1]
-        weights, _ = self._conn.download(task, timeout=self._remaining(task))
+        weights, _ = self._conn.download(task, timeout=self._remaining(task), base=self._cache)
         self._cache = (task.model_version, weights)
         return weights
 
@@ -181,11 +188,11 @@ class ClientRuntime:
         global_weights = self._model(task)
         config = scalar_map(task.config)
         header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
-        tensors: WeightsView | None = None
+        tensors: Mapping[str, Tensorish] | None = None
         started = time.perf_counter()
         try:
             if task.kind == pb.TASK_KIND_FIT:
-                tensors = self._fit(global_weights, config, header)
+                tensors = self._compress(task, self._fit(global_weights, config, header), header)
             else:
                 self._evaluate(global_weights, config, header)
             header.status = pb.RESULT_STATUS_OK
@@ -212,6 +219,19 @@ class ClientRuntime:
         header.num_examples = int(num_examples)
         _fill_metrics(header, metrics)
         return {name: np.subtract(new[name], base) for name, base in global_weights.items()}
+
+    def _compress(
+        self, task: pb.Task, delta: Weights, header: pb.UploadHeader
+    ) -> Mapping[str, Tensorish]:
+        """Encode the update under the server's plan (the raw delta when there is none)."""
+        if not task.HasField("upload") or not task.upload.steps:
+            header.payload_bytes = sum(v.nbytes for v in delta.values())
+            return delta
+        plan = plan_from_proto(task.upload)
+        tensors, header.payload_bytes = self._compressor.encode(
+            delta, plan, run_id=task.run_id, round_number=task.round, seed=task.task_id
+        )
+        return tensors
 
     def _evaluate(
         self, global_weights: Weights, config: dict[str, Scalar], header: pb.UploadHeader

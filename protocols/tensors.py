@@ -10,7 +10,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
+from geofl.protocols.codecs import Chain
 from geofl.protocols.errors import TensorError
 from geofl.protocols.types import WeightsView
 
@@ -50,6 +52,30 @@ class TensorSpec:
 ModelSpec = tuple[TensorSpec, ...]
 
 
+@dataclass(frozen=True)
+class EncodedTensor:
+    """A tensor compressed by a codec chain, as it travels: its payload and how to decode it.
+
+    ``add_to_base`` marks a difference: the receiver adds the decoded values to its copy
+    of the base model version it named (compressed broadcasts).
+    """
+
+    payload: bytes
+    chain: Chain
+    dtype: str
+    shape: tuple[int, ...]
+    add_to_base: bool = False
+
+    @property
+    def spec_bytes(self) -> int:
+        """Size of the decoded tensor in bytes."""
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+#: What a tensor stream carries per name: raw arrays or encoded payloads.
+Tensorish = npt.NDArray[np.generic] | EncodedTensor
+
+
 def spec_of(weights: WeightsView) -> ModelSpec:
     """The specification of ``weights``, in their order."""
     specs = []
@@ -79,4 +105,13 @@ def check_matches(spec: ModelSpec, weights: WeightsView) -> None:
             raise TensorError(f"expected {expected.describe()}, got {actual.describe()}")
 
 
-__all__ = ["SUPPORTED_DTYPES", "ModelSpec", "TensorSpec", "check_matches", "model_bytes", "spec_of"]
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "EncodedTensor",
+    "ModelSpec",
+    "TensorSpec",
+    "Tensorish",
+    "check_matches",
+    "model_bytes",
+    "spec_of",
+]

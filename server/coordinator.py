@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
@@ -111,7 +112,13 @@ class Coordinator:
             join_node=self._join_node,
             chunk_bytes=config.server.chunk_bytes,
             run_config=dict(config.round_config),
-            models=ModelStore(config.server.chunk_bytes),
+            models=ModelStore(
+                config.server.chunk_bytes,
+                tracks=config.compression.down_chains(),
+                min_bytes=config.compression.min_bytes,
+                seed=config.run.seed,
+            ),
+            compression=config.compression,
             upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
         )
 
@@ -133,6 +140,16 @@ class Coordinator:
         self.strategy.load_state(state)
         log.info("resuming run %d after round %d", run_id, last)
         return weights, run_id, last + 1
+
+    def _upload_plan(self, region: str | None) -> UploadPlan | None:
+        """How a client in ``region`` compresses its update (None: uncompressed)."""
+        compression = self.config.compression
+        chain = compression.up_chain(region)
+        if not chain:
+            return None
+        return UploadPlan(
+            chain, compression.min_bytes, compression.error_feedback, compression.max_staleness
+        )
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         with self.db.session() as session:
@@ -191,6 +208,7 @@ class Coordinator:
                 else None
             ),
             on_round_end=self._on_round_end,
+            upload_plan=self._upload_plan,
         )
         reaper = asyncio.create_task(self._reap())
         status, error = "completed", None

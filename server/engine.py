@@ -29,9 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from geofl.protocols.codecs import CodecError
+from geofl.protocols.compression import UploadPlan
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
 from geofl.server.spool import SpooledUpdate
 from geofl.server.strategies import Strategy, StrategyError, UpdateRejected
 
@@ -141,6 +143,7 @@ class RoundEngine:
         global_weights: Weights,
         server_evaluate: ServerEvaluate | None = None,
         on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+        upload_plan: Callable[[str | None], UploadPlan | None] = lambda region: None,
     ) -> None:
         self._cfg = settings
         self._registry = registry
@@ -151,12 +154,13 @@ class RoundEngine:
         self.weights = global_weights
         self._server_evaluate = server_evaluate
         self._on_round_end = on_round_end
+        self._upload_plan = upload_plan
         self._changed = asyncio.Event()
         registry.on_change = self._changed.set
 
     async def run(self) -> None:
         """Every remaining round; raises :class:`NoClientsError` if clients never come."""
-        self._models.put(self._start - 1, self.weights)
+        await self._models.publish(self._start - 1, self.weights)
         for number in range(self._start, self._cfg.rounds + 1):
             record = RoundRecord(number)
             self._recorder.round_started(number, self._cfg.clients_per_round)
@@ -166,7 +170,7 @@ class RoundEngine:
                 log.warning("round %d failed: %s", number, failure)
                 self._recorder.round_failed(record, str(failure))
                 self._on_round_end(record, f"failed: {failure}")
-                self._models.put(number, self.weights)
+                await self._models.publish(number, self.weights)
             else:
                 self._on_round_end(record, "committed")
             self._models.drop(number - 1)
@@ -204,7 +208,7 @@ class RoundEngine:
         except StrategyError as exc:  # e.g. an aggregate that overflows float16
             clock.enter(Phase.FAILED)
             raise RoundFailedError(f"aggregation failed: {exc}") from exc
-        self._models.put(record.number, new_weights)
+        await self._models.publish(record.number, new_weights)
         clock.enter(Phase.EVALUATE)
         await self._evaluate(record, new_weights)
         clock.enter(Phase.COMMIT)
@@ -255,7 +259,7 @@ class RoundEngine:
     def _dispatch(
         self,
         cohort: Sequence[NodeSession],
-        kind: str,
+        kind: TaskKindName,
         number: int,
         version: int,
         config: dict[str, Scalar],
@@ -263,7 +267,15 @@ class RoundEngine:
         deadline = time.time() + self._cfg.deadline_s
         config = {**config, "server_round": number}
         return [
-            self._registry.assign(s, kind, number, version, dict(config), deadline)  # type: ignore[arg-type]
+            self._registry.assign(
+                s,
+                kind,
+                number,
+                version,
+                dict(config),
+                deadline,
+                upload=self._upload_plan(s.region) if kind == "fit" else None,
+            )
             for s in cohort
         ]
 
@@ -311,7 +323,7 @@ class RoundEngine:
         update: SpooledUpdate = outcome.update
         try:
             await asyncio.to_thread(fold, update, float(outcome.num_examples))
-        except UpdateRejected as rejected:
+        except (UpdateRejected, CodecError) as rejected:
             outcome.status, outcome.reason = "rejected", str(rejected)
         finally:
             update.close()

@@ -62,6 +62,8 @@ class DatabaseRecorder(Recorder):
                 num_examples=outcome.num_examples,
                 bytes_up=outcome.bytes_up,
                 bytes_down=task.bytes_down,
+                bytes_up_raw=outcome.bytes_up_raw,
+                bytes_down_raw=task.bytes_down_raw,
                 compute_s=outcome.compute_s,
                 duration_s=(finished - started).total_seconds() if started else None,
                 loss=outcome.loss,

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from geofl.protocols.compression import UploadPlan
 from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
 from geofl.protocols.types import Config, Scalar
 
@@ -31,6 +32,8 @@ class Outcome:
     update: Any = None  # a SpooledUpdate for fit results
     compute_s: float | None = None
     bytes_up: int = 0
+    #: What the upload would have cost uncompressed.
+    bytes_up_raw: int = 0
 
 
 @dataclass
@@ -47,7 +50,9 @@ class TaskRecord:
     future: asyncio.Future[Outcome]
     issued_at: float = field(default_factory=time.time)
     started_at: float | None = None
+    upload: UploadPlan | None = None
     bytes_down: int = 0
+    bytes_down_raw: int = 0
     downloaded: asyncio.Event = field(default_factory=asyncio.Event)
 
     def settle(self, outcome: Outcome) -> None:
@@ -143,6 +148,7 @@ class Registry:
         model_version: int,
         config: Config,
         deadline: float,
+        upload: UploadPlan | None = None,
     ) -> TaskRecord:
         """Create a task for ``session`` and put it in its mailbox."""
         if self.finished.is_set():
@@ -158,6 +164,7 @@ class Registry:
             config,
             deadline,
             loop.create_future(),
+            upload=upload,
         )
         self._tasks[task.task_id] = task
         session.current = task

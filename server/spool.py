@@ -18,7 +18,8 @@ from typing import IO, Any
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols.tensors import TensorSpec
+from geofl.protocols.codecs import decode_tensor
+from geofl.protocols.streams import Incoming
 
 #: Default for ``server.upload_buffer_bytes``.
 DEFAULT_BUDGET = 256 << 20
@@ -49,7 +50,7 @@ class MemoryBudget:
 
 
 class SpoolSink:
-    """A :class:`geofl.protocols.serde.TensorSink` staging one upload of known size.
+    """A :class:`geofl.protocols.streams.TensorSink` staging one upload of known size.
 
     In memory the upload lands in one contiguous buffer, so every tensor read back is a
     zero-copy view; on disk it goes to an unnamed temporary file.
@@ -65,16 +66,16 @@ class SpoolSink:
         else:
             self._file = tempfile.TemporaryFile()  # noqa: SIM115 - closed by discard()
         self._size = 0
-        self._layout: dict[str, tuple[TensorSpec, int]] = {}
+        self._layout: dict[str, tuple[Incoming, int]] = {}
 
     @property
     def spilled(self) -> bool:
         """Whether this upload is staged on disk (the memory budget was exhausted)."""
         return self._file is not None
 
-    def begin(self, spec: TensorSpec) -> None:
-        """Remember where the tensor starts."""
-        self._layout[spec.name] = (spec, self._size)
+    def begin(self, incoming: Incoming) -> None:
+        """Remember where the tensor (or its codec payload) starts."""
+        self._layout[incoming.spec.name] = (incoming, self._size)
 
     def write(self, data: bytes) -> None:
         """Stage a piece of the current tensor."""
@@ -117,15 +118,26 @@ class SpoolSink:
 class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
     """Tensors of one update, decoded from the staging area on access (read-only views)."""
 
-    def __init__(self, sink: SpoolSink, layout: dict[str, tuple[TensorSpec, int]]) -> None:
+    def __init__(self, sink: SpoolSink, layout: dict[str, tuple[Incoming, int]]) -> None:
         self._sink = sink
         self._layout = layout
+        self._decoded: dict[str, npt.NDArray[np.generic]] = {}
 
     def __getitem__(self, name: str) -> npt.NDArray[np.generic]:
-        spec, offset = self._layout[name]
-        data = self._sink.read(offset, spec.nbytes)
-        dtype = np.dtype(spec.dtype).newbyteorder("<")
-        return np.frombuffer(data, dtype=dtype).reshape(spec.shape)
+        """The tensor; a compressed one is decoded once and kept until :meth:`close`.
+
+        Raises :class:`geofl.protocols.codecs.CodecError` for a payload that does not
+        decode, before anything was folded.
+        """
+        incoming, offset = self._layout[name]
+        data = self._sink.read(offset, incoming.payload.nbytes)
+        spec = incoming.spec
+        if not incoming.encoded:
+            dtype = np.dtype(spec.dtype).newbyteorder("<")
+            return np.frombuffer(data, dtype=dtype).reshape(spec.shape)
+        if name not in self._decoded:
+            self._decoded[name] = decode_tensor(data, incoming.chain, spec.dtype, spec.shape)
+        return self._decoded[name]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._layout)
@@ -140,6 +152,7 @@ class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
 
     def close(self) -> None:
         """Release the staging area."""
+        self._decoded.clear()
         self._sink.discard()
 
 

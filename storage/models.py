@@ -241,6 +241,9 @@ class Round(Base):
     num_failed: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     bytes_up: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     bytes_down: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: What the same traffic would have been without compression.
+    bytes_up_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    bytes_down_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     train_loss: Mapped[float | None] = mapped_column(Float)
     fit_metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     eval_loss: Mapped[float | None] = mapped_column(Float)
@@ -281,6 +284,9 @@ class Participation(Base):
     num_examples: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     bytes_up: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     bytes_down: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    #: What the same traffic would have been without compression.
+    bytes_up_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    bytes_down_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     compute_s: Mapped[float | None] = mapped_column(Float)
     duration_s: Mapped[float | None] = mapped_column(Float)
     loss: Mapped[float | None] = mapped_column(Float)

@@ -54,6 +54,8 @@ class RunSummary(_JSONRecord):
     num_nodes: int
     bytes_up: int
     bytes_down: int
+    bytes_up_raw: int
+    bytes_down_raw: int
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class RoundSummary(_JSONRecord):
     num_failed: int
     bytes_up: int
     bytes_down: int
+    bytes_up_raw: int
+    bytes_down_raw: int
     train_loss: float | None
     fit_metrics: dict[str, Any]
     eval_loss: float | None
@@ -102,6 +106,8 @@ class ParticipationRecord(_JSONRecord):
     num_examples: int
     bytes_up: int
     bytes_down: int
+    bytes_up_raw: int
+    bytes_down_raw: int
     compute_s: float | None
     duration_s: float | None
     loss: float | None

@@ -65,12 +65,21 @@ def _summaries(session: Session, where: ColumnElement[bool] | None = None) -> li
             Round.run_id,
             func.sum(Round.bytes_up).label("up"),
             func.sum(Round.bytes_down).label("down"),
+            func.sum(Round.bytes_up_raw).label("up_raw"),
+            func.sum(Round.bytes_down_raw).label("down_raw"),
         )
         .group_by(Round.run_id)
         .subquery()
     )
     statement = (
-        select(Run, nodes.c.count, traffic.c.up, traffic.c.down)
+        select(
+            Run,
+            nodes.c.count,
+            traffic.c.up,
+            traffic.c.down,
+            traffic.c.up_raw,
+            traffic.c.down_raw,
+        )
         .outerjoin(nodes, nodes.c.run_id == Run.id)
         .outerjoin(traffic, traffic.c.run_id == Run.id)
         .order_by(Run.id)
@@ -78,13 +87,12 @@ def _summaries(session: Session, where: ColumnElement[bool] | None = None) -> li
     if where is not None:
         statement = statement.where(where)
     return [
-        _run_summary(run, count, up, down) for run, count, up, down in session.execute(statement)
+        _run_summary(run, count, *traffic) for run, count, *traffic in session.execute(statement)
     ]
 
 
-def _run_summary(
-    run: Run, nodes: int | None, up: int | Decimal | None, down: int | Decimal | None
-) -> RunSummary:
+def _run_summary(run: Run, nodes: int | None, *traffic: int | Decimal | None) -> RunSummary:
+    up, down, up_raw, down_raw = (int(value or 0) for value in traffic)
     return RunSummary(
         id=run.id,
         name=run.name,
@@ -98,9 +106,11 @@ def _run_summary(
         finished_at=run.finished_at,
         error=run.error,
         num_nodes=int(nodes or 0),
-        # SUM over BIGINT is NUMERIC on PostgreSQL (a Decimal here).
-        bytes_up=int(up or 0),
-        bytes_down=int(down or 0),
+        # SUM over BIGINT is NUMERIC on PostgreSQL (a Decimal here): converted above.
+        bytes_up=up,
+        bytes_down=down,
+        bytes_up_raw=up_raw,
+        bytes_down_raw=down_raw,
     )
 
 
@@ -124,6 +134,8 @@ def _round_summary(row: Round) -> RoundSummary:
         num_failed=row.num_failed,
         bytes_up=row.bytes_up,
         bytes_down=row.bytes_down,
+        bytes_up_raw=row.bytes_up_raw,
+        bytes_down_raw=row.bytes_down_raw,
         train_loss=row.train_loss,
         fit_metrics=dict(row.fit_metrics),
         eval_loss=row.eval_loss,
@@ -154,6 +166,8 @@ def _participation_record(
         num_examples=row.num_examples,
         bytes_up=row.bytes_up,
         bytes_down=row.bytes_down,
+        bytes_up_raw=row.bytes_up_raw,
+        bytes_down_raw=row.bytes_down_raw,
         compute_s=row.compute_s,
         duration_s=row.duration_s,
         loss=row.loss,

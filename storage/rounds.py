@@ -103,7 +103,7 @@ def _reset_round(row: Round, cohort_target: int, when: datetime) -> None:
     row.duration_s = None
     row.cohort_target = cohort_target
     row.num_selected = row.num_succeeded = row.num_failed = 0
-    row.bytes_up = row.bytes_down = 0
+    row.bytes_up = row.bytes_down = row.bytes_up_raw = row.bytes_down_raw = 0
     row.train_loss = row.eval_loss = row.server_eval_loss = None
     row.fit_metrics, row.eval_metrics, row.server_eval_metrics = {}, {}, {}
     row.phase_durations = {}
@@ -174,6 +174,8 @@ def record_participation(
     num_examples: int = 0,
     bytes_up: int = 0,
     bytes_down: int = 0,
+    bytes_up_raw: int | None = None,
+    bytes_down_raw: int | None = None,
     compute_s: float | None = None,
     duration_s: float | None = None,
     loss: float | None = None,
@@ -197,6 +199,8 @@ def record_participation(
         "num_examples": num_examples,
         "bytes_up": bytes_up,
         "bytes_down": bytes_down,
+        "bytes_up_raw": bytes_up if bytes_up_raw is None else bytes_up_raw,
+        "bytes_down_raw": bytes_down if bytes_down_raw is None else bytes_down_raw,
         "compute_s": compute_s,
         "duration_s": duration_s,
         "loss": loss,
@@ -215,7 +219,7 @@ def record_participation(
     return participation
 
 
-def _participation_totals(session: Session, round_id: int) -> tuple[int, int, int, int]:
+def _participation_totals(session: Session, round_id: int) -> tuple[int, int, int, int, int, int]:
     fit = Participation.kind == TaskKind.FIT.value
     ok = and_(fit, Participation.status == ParticipationStatus.OK.value)
     statement = select(
@@ -223,10 +227,13 @@ def _participation_totals(session: Session, round_id: int) -> tuple[int, int, in
         func.count(distinct(case((ok, Participation.task_id)))),
         func.coalesce(func.sum(Participation.bytes_up), 0),
         func.coalesce(func.sum(Participation.bytes_down), 0),
+        func.coalesce(func.sum(Participation.bytes_up_raw), 0),
+        func.coalesce(func.sum(Participation.bytes_down_raw), 0),
     ).where(Participation.round_id == round_id)
-    selected, succeeded, up, down = session.execute(statement).one()
+    row = session.execute(statement).one()
     # PostgreSQL sums BIGINT into NUMERIC, which arrives as Decimal.
-    return int(selected), int(succeeded), int(up), int(down)
+    selected, succeeded, up, down, up_raw, down_raw = (int(value) for value in row)
+    return selected, succeeded, up, down, up_raw, down_raw
 
 
 def _add_checkpoint(session: Session, row: Round, record: CheckpointRecord, when: datetime) -> int:
@@ -280,7 +287,8 @@ def commit_round(
     run = get_run(session, row.run_id)
     if checkpoint is not None:
         row.checkpoint_id = _add_checkpoint(session, row, checkpoint, when)
-    selected, succeeded, row.bytes_up, row.bytes_down = _participation_totals(session, row.id)
+    selected, succeeded, *traffic = _participation_totals(session, row.id)
+    row.bytes_up, row.bytes_down, row.bytes_up_raw, row.bytes_down_raw = traffic
     row.num_selected, row.num_succeeded, row.num_failed = selected, succeeded, selected - succeeded
     row.train_loss, row.eval_loss, row.server_eval_loss = train_loss, eval_loss, server_eval_loss
     row.fit_metrics, row.eval_metrics, row.server_eval_metrics = fit, evaluation, server_evaluation

@@ -21,6 +21,18 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_UINT8: _ClassVar[DType]
     DTYPE_BOOL: _ClassVar[DType]
 
+class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CODEC_UNSPECIFIED: _ClassVar[Codec]
+    CODEC_NONE: _ClassVar[Codec]
+    CODEC_FP16: _ClassVar[Codec]
+    CODEC_BF16: _ClassVar[Codec]
+    CODEC_QSGD: _ClassVar[Codec]
+    CODEC_TOPK: _ClassVar[Codec]
+    CODEC_RANDK: _ClassVar[Codec]
+    CODEC_POWERSGD: _ClassVar[Codec]
+    CODEC_SIGN: _ClassVar[Codec]
+
 class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     TASK_KIND_UNSPECIFIED: _ClassVar[TaskKind]
@@ -51,6 +63,15 @@ DTYPE_INT32: DType
 DTYPE_INT64: DType
 DTYPE_UINT8: DType
 DTYPE_BOOL: DType
+CODEC_UNSPECIFIED: Codec
+CODEC_NONE: Codec
+CODEC_FP16: Codec
+CODEC_BF16: Codec
+CODEC_QSGD: Codec
+CODEC_TOPK: Codec
+CODEC_RANDK: Codec
+CODEC_POWERSGD: Codec
+CODEC_SIGN: Codec
 TASK_KIND_UNSPECIFIED: TaskKind
 TASK_KIND_WAIT: TaskKind
 TASK_KIND_FIT: TaskKind
@@ -76,6 +97,43 @@ class Scalar(_message.Message):
     string: str
     bytes: bytes
     def __init__(self, double: _Optional[float] = ..., int: _Optional[int] = ..., bool: _Optional[bool] = ..., string: _Optional[str] = ..., bytes: _Optional[bytes] = ...) -> None: ...
+
+class CodecStep(_message.Message):
+    __slots__ = ("codec", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Scalar
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Scalar, _Mapping]] = ...) -> None: ...
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    codec: Codec
+    params: _containers.MessageMap[str, Scalar]
+    def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., params: _Optional[_Mapping[str, Scalar]] = ...) -> None: ...
+
+class Encoding(_message.Message):
+    __slots__ = ("steps", "dtype", "shape")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[CodecStep]
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, steps: _Optional[_Iterable[_Union[CodecStep, _Mapping]]] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CompressionPlan(_message.Message):
+    __slots__ = ("steps", "min_bytes", "error_feedback", "max_staleness")
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FEEDBACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedCompositeFieldContainer[CodecStep]
+    min_bytes: int
+    error_feedback: bool
+    max_staleness: int
+    def __init__(self, steps: _Optional[_Iterable[_Union[CodecStep, _Mapping]]] = ..., min_bytes: _Optional[int] = ..., error_feedback: _Optional[bool] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
     __slots__ = ("protocol_versions", "node_name", "region", "node_config", "client_version")
@@ -142,7 +200,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, poll_timeout_s: _Optional[float] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason")
+    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -160,6 +218,7 @@ class Task(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_FIELD_NUMBER: _ClassVar[int]
     kind: TaskKind
     task_id: int
     run_id: int
@@ -170,18 +229,23 @@ class Task(_message.Message):
     num_tensors: int
     model_bytes: int
     reason: str
-    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    upload: CompressionPlan
+    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("task_id", "model_version")
+    __slots__ = ("task_id", "model_version", "base_version", "has_base")
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAS_BASE_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     model_version: int
-    def __init__(self, task_id: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
+    base_version: int
+    has_base: bool
+    def __init__(self, task_id: _Optional[int] = ..., model_version: _Optional[int] = ..., base_version: _Optional[int] = ..., has_base: _Optional[bool] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "total_bytes", "offset", "data", "crc32", "first", "last")
+    __slots__ = ("name", "dtype", "shape", "total_bytes", "offset", "data", "crc32", "first", "last", "encoding", "add_to_base")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +255,8 @@ class TensorChunk(_message.Message):
     CRC32_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    ENCODING_FIELD_NUMBER: _ClassVar[int]
+    ADD_TO_BASE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -200,10 +266,12 @@ class TensorChunk(_message.Message):
     crc32: int
     first: bool
     last: bool
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ...) -> None: ...
+    encoding: Encoding
+    add_to_base: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ..., add_to_base: _Optional[bool] = ...) -> None: ...
 
 class UploadHeader(_message.Message):
-    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s")
+    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +290,7 @@ class UploadHeader(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     round: int
     attempt: int
@@ -233,7 +302,8 @@ class UploadHeader(_message.Message):
     error: str
     num_tensors: int
     compute_s: float
-    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ...) -> None: ...
+    payload_bytes: int
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
 
 class UploadMessage(_message.Message):
     __slots__ = ("header", "chunk")

@@ -80,8 +80,8 @@ def detail_tables(detail: RunDetail) -> list[Table]:
         "cohort",
         "ok/failed",
         "seconds",
-        "MB up",
-        "MB down",
+        "MB up (raw)",
+        "MB down (raw)",
         "train loss",
         "eval loss",
         "metrics",
@@ -95,8 +95,8 @@ def detail_tables(detail: RunDetail) -> list[Table]:
             f"{r.num_selected}/{r.cohort_target}",
             f"{r.num_succeeded}/{r.num_failed}",
             _num(r.duration_s, ".2f"),
-            _mb(r.bytes_up),
-            _mb(r.bytes_down),
+            _traffic(r.bytes_up, r.bytes_up_raw),
+            _traffic(r.bytes_down, r.bytes_down_raw),
             _num(r.train_loss),
             _num(r.eval_loss),
             _metrics(metrics),
@@ -110,8 +110,8 @@ def detail_tables(detail: RunDetail) -> list[Table]:
         "status",
         "examples",
         "seconds",
-        "MB up",
-        "MB down",
+        "MB up (raw)",
+        "MB down (raw)",
         "reason",
     ):
         clients.add_column(column)
@@ -124,11 +124,38 @@ def detail_tables(detail: RunDetail) -> list[Table]:
             p.status,
             str(p.num_examples),
             _num(p.duration_s, ".2f"),
-            _mb(p.bytes_up),
-            _mb(p.bytes_down),
+            _traffic(p.bytes_up, p.bytes_up_raw),
+            _traffic(p.bytes_down, p.bytes_down_raw),
             p.reason or "",
         )
-    return [rounds, clients]
+    return [rounds, regions_table(detail), clients]
+
+
+def regions_table(detail: RunDetail) -> Table:
+    """Traffic per region over the whole run: wire bytes, and what they would have been."""
+    totals: dict[str, list[int]] = {}
+    nodes: dict[str, set[int]] = {}
+    for p in detail.participations:
+        region = p.node_region or "-"
+        row = totals.setdefault(region, [0, 0, 0, 0])
+        row[0] += p.bytes_up
+        row[1] += p.bytes_up_raw
+        row[2] += p.bytes_down
+        row[3] += p.bytes_down_raw
+        nodes.setdefault(region, set()).add(p.node_id)
+    table = Table(title="traffic by region")
+    for column in ("region", "clients", "MB up", "MB up raw", "MB down", "MB down raw"):
+        table.add_column(column)
+    for region, (up, up_raw, down, down_raw) in sorted(totals.items()):
+        table.add_row(
+            region, str(len(nodes[region])), _mb(up), _mb(up_raw), _mb(down), _mb(down_raw)
+        )
+    return table
+
+
+def _traffic(wire: int, raw: int) -> str:
+    """``wire`` MB, with the uncompressed figure when compression changed it."""
+    return _mb(wire) if wire == raw else f"{_mb(wire)} ({_mb(raw)})"
 
 
 def _require_existing_sqlite(url: str) -> None:

@@ -6,6 +6,7 @@ raises :class:`ConfigError` listing every problem with its file, line and key pa
 ``python -m geofl.server.config.docs``.
 """
 
+from geofl.server.config.compression import CompressionConfig, RegionCompression
 from geofl.server.config.errors import ConfigError, ConfigProblem
 from geofl.server.config.fields import redact_url, split_address
 from geofl.server.config.loader import load_config, parse_config
@@ -39,6 +40,7 @@ from geofl.server.config.strategy import (
 
 __all__ = [
     "STRATEGY_CONFIGS",
+    "CompressionConfig",
     "ConfigError",
     "ConfigProblem",
     "EvaluationConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "FedProxConfig",
     "FedYogiConfig",
     "Override",
+    "RegionCompression",
     "RunConfig",
     "RunSection",
     "ScheduleConfig",

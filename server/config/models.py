@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from geofl.server.config.compression import CompressionConfig
 from geofl.server.config.fields import (
     Address,
     DatabaseUrl,
@@ -46,7 +47,16 @@ GIB = 1024 * MIB
 RESERVED_NODE_KEYS = ("partition-id", "num-partitions")
 #: Top-level keys whose ``null`` (an empty ``section:`` line in YAML) means "all defaults".
 _OPTIONAL_SECTIONS = frozenset(
-    {"strategy", "schedule", "round_config", "evaluation", "storage", "server", "simulation"}
+    {
+        "strategy",
+        "schedule",
+        "round_config",
+        "evaluation",
+        "storage",
+        "server",
+        "simulation",
+        "compression",
+    }
 )
 
 
@@ -219,6 +229,7 @@ class RunConfig(Section):
     storage: StorageConfig = _section("Database and checkpoint locations.")
     server: ServerConfig = _section("Coordinator endpoint, TLS and wire limits.")
     simulation: SimulationConfig = _section("Simulated clients for geofl simulate.")
+    compression: CompressionConfig = _section("Compression of updates and broadcasts.")
 
     @model_validator(mode="before")
     @classmethod

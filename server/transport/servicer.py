@@ -15,18 +15,20 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from geofl.protocols import serde
+from geofl.protocols import serde, streams
 from geofl.protocols.errors import (
     ErrorCode,
     GeoflError,
     ProtocolError,
     TaskError,
+    TensorError,
     TruncatedStreamError,
 )
 from geofl.protocols.tensors import ModelSpec, model_bytes
 from geofl.protocols.types import Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+from geofl.server.config import CompressionConfig
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.spool import MemoryBudget, SpoolSink
@@ -36,6 +38,8 @@ log = logging.getLogger(__name__)
 SUPPORTED_PROTOCOL_VERSIONS = (1,)
 SESSION_METADATA_KEY = "geofl-session"
 SERVICE_NAME = "geofl.v1.Coordinator"
+#: Slack allowed for compressed uploads over twice the model's size (codec headers).
+_PAYLOAD_SLACK = 64 << 10
 _MAX_POLL_S = 60.0
 
 _KIND = {"fit": pb.TASK_KIND_FIT, "evaluate": pb.TASK_KIND_EVALUATE}
@@ -53,6 +57,7 @@ class ServerState:
     chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
     run_config: dict[str, Scalar] = field(default_factory=dict)
     models: ModelStore = field(default_factory=ModelStore)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
     upload_budget: MemoryBudget = field(default_factory=MemoryBudget)
 
 
@@ -195,6 +200,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             model_bytes=model_bytes(self._s.spec),
         )
         serde.fill_scalar_map(message.config, task.config)
+        if task.upload is not None and task.upload.chain:
+            message.upload.CopyFrom(serde.plan_to_proto(task.upload))
         return message
 
     async def Download(  # noqa: N802
@@ -204,8 +211,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             with _translated():
                 session = self._s.registry.session(_token(context))
                 task = self._s.registry.task_for(session, request.task_id)
-                chunks = await self._s.models.encoded(request.model_version)
-                if chunks is None:
+                base = request.base_version if request.has_base else None
+                chain = self._s.compression.down_chain(session.region)
+                broadcast = await self._s.models.broadcast(request.model_version, chain, base)
+                if broadcast is None:
                     raise GeoflError(
                         f"model version {request.model_version} is not available",
                         code=ErrorCode.MODEL_UNAVAILABLE,
@@ -213,9 +222,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
-        for raw in chunks:
-            task.bytes_down += len(raw)
+        for raw in broadcast.chunks:
             yield raw  # pre-encoded TensorChunk: see add_to_server
+        task.bytes_down += broadcast.wire_bytes
+        task.bytes_down_raw += broadcast.raw_bytes
         task.downloaded.set()
 
     async def Submit(  # noqa: N802
@@ -253,6 +263,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             task.settle(Outcome("dropped", "client disconnected during upload"))
             raise
         outcome.bytes_up += len(raw or b"")
+        outcome.bytes_up_raw += len(raw or b"")
         task.settle(outcome)
         return pb.SubmitReply(accepted=True)
 
@@ -279,8 +290,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("a fit result must carry a DELTA update")
         if header.num_examples <= 0:
             raise ProtocolError("a fit result must report num_examples > 0")
-        sink = SpoolSink(self._s.upload_budget, model_bytes(self._s.spec))
-        assembler = serde.Assembler(sink, self._s.spec, check_finite=True)
+        size = model_bytes(self._s.spec)
+        announced = int(header.payload_bytes) or size
+        if announced > 2 * size + _PAYLOAD_SLACK:
+            raise TensorError(f"an upload of {announced} bytes for a {size}-byte model")
+        sink = SpoolSink(self._s.upload_budget, announced)
+        assembler = streams.Assembler(
+            sink, self._s.spec, max_total_bytes=announced, check_finite=True
+        )
         received = 0
         try:
             async for raw in messages:
@@ -301,6 +318,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             update=sink.update(),
             compute_s=header.compute_s or None,
             bytes_up=received,
+            bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
         )
 
 

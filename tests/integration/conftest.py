@@ -61,13 +61,18 @@ class ServerHandle:
     errors: list[BaseException] = field(default_factory=list)
 
     def add_client(
-        self, partition: int, app: str = "geofl_testapp:client_app", **node_config: Any
+        self,
+        partition: int,
+        app: str = "geofl_testapp:client_app",
+        region: str | None = None,
+        **node_config: Any,
     ) -> ClientRuntime:
         options = ClientOptions(
             server=f"127.0.0.1:{self.port}",
             node_name=f"node-{partition}",
             node_config={"partition-id": partition, **node_config},
             reconnect_for_s=10,
+            region=region,
         )
         runtime = ClientRuntime(options, load_client_app(app))
 

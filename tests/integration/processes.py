@@ -68,7 +68,10 @@ def write_config(directory: Path, **sections: Any) -> Path:
         "simulation": {"clients": 2, "app": "geofl_testapp:client_app"},
     }
     for key, value in sections.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     path = directory / "run.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from geofl.client.connection import Connection
-from geofl.protocols import serde
+from geofl.protocols import streams
 from geofl.protocols.errors import ErrorCode, GeoflError, NonFiniteError, SessionError, TensorError
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
@@ -128,7 +128,7 @@ def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
 
         def messages() -> Iterator[pb.UploadMessage]:
             yield pb.UploadMessage(header=_header(task))
-            chunks = serde.iter_chunks(GOOD, 8)
+            chunks = streams.iter_chunks(GOOD, 8)
             yield pb.UploadMessage(chunk=next(chunks))
             time.sleep(0.3)
             channel.close()  # the connection goes away mid-stream

@@ -72,6 +72,9 @@ class ShiftClient(Client):
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
         return {k: v + self.shift for k, v in parameters.items()}, 1, {}
 
+    def evaluate(self, parameters: Weights, config: Config) -> tuple[float, int, Metrics]:
+        return float(np.abs(parameters["b"]).mean()), 1, {}
+
 
 def shift_app(context: ClientContext) -> Client:
     return ShiftClient(1.0 + float(context.node_config.get("partition-id", 0)))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from geofl.protocols import serde
+from geofl.protocols import serde, streams
 from geofl.protocols.errors import (
     ChecksumError,
     NonFiniteError,
@@ -27,9 +27,9 @@ models = st.dictionaries(st.text(min_size=1, max_size=8), arrays, min_size=1, ma
 
 
 def _roundtrip(weights: dict[str, np.ndarray], chunk: int, **kw: object) -> dict[str, np.ndarray]:
-    sink = serde.ArraySink()
-    assembler = serde.Assembler(sink, spec_of(weights), **kw)  # type: ignore[arg-type]
-    for message in serde.iter_chunks(weights, chunk):
+    sink = streams.ArraySink()
+    assembler = streams.Assembler(sink, spec_of(weights), **kw)  # type: ignore[arg-type]
+    for message in streams.iter_chunks(weights, chunk):
         # Through real bytes, as on the wire.
         assembler.feed(pb.TensorChunk.FromString(message.SerializeToString()))
     assembler.finish()
@@ -57,18 +57,18 @@ def test_non_contiguous_and_big_endian_inputs() -> None:
 
 def test_large_tensor_streams_in_bounded_chunks() -> None:
     weights = {"w": np.ones(3_000_000, np.float32)}
-    sizes = [len(c.data) for c in serde.iter_chunks(weights, 1 << 20)]
+    sizes = [len(c.data) for c in streams.iter_chunks(weights, 1 << 20)]
     assert max(sizes) == 1 << 20 and sum(sizes) == 12_000_000
 
 
 def _chunks(weights: dict[str, np.ndarray], chunk: int = 16) -> list[pb.TensorChunk]:
-    return list(serde.iter_chunks(weights, chunk))
+    return list(streams.iter_chunks(weights, chunk))
 
 
 def _feed_all(
     chunks: list[pb.TensorChunk], expected: tuple[TensorSpec, ...] | None, **kw: object
 ) -> None:
-    assembler = serde.Assembler(serde.ArraySink(), expected, **kw)  # type: ignore[arg-type]
+    assembler = streams.Assembler(streams.ArraySink(), expected, **kw)  # type: ignore[arg-type]
     for chunk in chunks:
         assembler.feed(chunk)
     assembler.finish()

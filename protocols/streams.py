@@ -1,0 +1,313 @@
+"""Tensors as chunked, checksummed streams, raw or compressed.
+
+A tensor travels as a run of :class:`pb.TensorChunk` messages: the first carries its
+name, dtype and shape (and, for a compressed tensor, its :class:`pb.Encoding`; the
+chunks then carry the codec payload as uint8), every chunk its offset and CRC-32.
+Senders hold one chunk's copy at a time; receivers check everything before a byte
+reaches a sink.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from geofl.protocols import serde
+from geofl.protocols.codecs import Chain, decode_tensor
+from geofl.protocols.errors import (
+    ChecksumError,
+    NonFiniteError,
+    ProtocolError,
+    TensorError,
+    TruncatedStreamError,
+)
+from geofl.protocols.tensors import EncodedTensor, ModelSpec, Tensorish, TensorSpec
+from geofl.protocols.types import WeightsView
+from geofl.protocols.v1 import geofl_pb2 as pb
+
+#: Slack allowed for a compressed payload over its decoded size (headers, top-k indices).
+_PAYLOAD_SLACK = 64 << 10
+
+
+# ----------------------------------------------------------------- sending
+
+
+def _wire_bytes(item: Tensorish) -> memoryview:
+    """Contiguous little-endian bytes of an array (no copy when possible) or a payload."""
+    if isinstance(item, EncodedTensor):
+        return memoryview(item.payload)
+    array = item
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    flat: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    return memoryview(flat)
+
+
+def _describe(chunk: pb.TensorChunk, name: str, item: Tensorish, total: int) -> None:
+    chunk.first = True
+    chunk.name = name
+    chunk.total_bytes = total
+    if isinstance(item, EncodedTensor):
+        chunk.dtype = pb.DTYPE_UINT8
+        chunk.shape.append(total)
+        chunk.encoding.steps.extend(serde.chain_to_proto(item.chain))
+        chunk.encoding.dtype = serde.dtype_to_proto(item.dtype)
+        chunk.encoding.shape.extend(item.shape)
+        chunk.add_to_base = item.add_to_base
+    else:
+        chunk.dtype = serde.dtype_to_proto(np.dtype(item.dtype).name)
+        chunk.shape.extend(int(d) for d in item.shape)
+
+
+def iter_chunks(
+    tensors: Mapping[str, Tensorish], chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.TensorChunk]:
+    """Yield the chunks of every tensor in order; one chunk's copy in memory at a time."""
+    if chunk_bytes <= 0 or chunk_bytes % 8:
+        raise ValueError(f"chunk_bytes must be a positive multiple of 8, got {chunk_bytes}")
+    for name, item in tensors.items():
+        data = _wire_bytes(item)
+        total = len(data)
+        offset = 0
+        while True:
+            piece = bytes(data[offset : offset + chunk_bytes])
+            end = offset + len(piece)
+            chunk = pb.TensorChunk(
+                offset=offset, data=piece, crc32=zlib.crc32(piece), last=end >= total
+            )
+            if offset == 0:
+                _describe(chunk, name, item, total)
+            yield chunk
+            offset = end
+            if offset >= total:
+                break
+
+
+def encode_chunks(
+    tensors: Mapping[str, Tensorish], chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
+) -> Iterator[bytes]:
+    """Serialized :class:`pb.TensorChunk` messages (for pre-encoded sends)."""
+    for chunk in iter_chunks(tensors, chunk_bytes):
+        yield chunk.SerializeToString()
+
+
+def encode_upload(
+    header: pb.UploadHeader, tensors: Mapping[str, Tensorish] | None, chunk_bytes: int
+) -> Iterator[bytes]:
+    """Serialized :class:`pb.UploadMessage` stream: the header, then the tensors' chunks."""
+    yield pb.UploadMessage(header=header).SerializeToString()
+    for chunk in iter_chunks(tensors or {}, chunk_bytes):
+        yield pb.UploadMessage(chunk=chunk).SerializeToString()
+
+
+# ----------------------------------------------------------------- receiving
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """What the first chunk of a tensor announced.
+
+    ``spec`` is the decoded tensor's; ``payload`` the bytes on the wire (equal to
+    ``spec`` for a raw tensor); ``chain`` is empty for a raw tensor.
+    """
+
+    spec: TensorSpec
+    payload: TensorSpec
+    chain: Chain = ()
+    add_to_base: bool = False
+
+    @property
+    def encoded(self) -> bool:
+        """Whether the bytes are a codec payload."""
+        return bool(self.chain)
+
+
+class TensorSink(Protocol):
+    """Where an :class:`Assembler` puts the bytes of each tensor."""
+
+    def begin(self, incoming: Incoming) -> None:
+        """A new tensor starts."""
+
+    def write(self, data: bytes) -> None:
+        """The next piece of the current tensor's bytes (its payload, if encoded)."""
+
+    def end(self) -> None:
+        """The current tensor is complete and checked."""
+
+
+class ArraySink:
+    """Collects tensors into numpy arrays (a client receiving a model).
+
+    Encoded tensors are decoded when complete; differences (``add_to_base``) are
+    added to ``base``, the receiver's copy of the version it named.
+    """
+
+    def __init__(self, base: WeightsView | None = None) -> None:
+        self.weights: dict[str, npt.NDArray[np.generic]] = {}
+        self._base = base
+        self._incoming: Incoming | None = None
+        self._current: npt.NDArray[np.uint8] | None = None
+        self._filled = 0
+
+    def begin(self, incoming: Incoming) -> None:
+        """Allocate the tensor (or its payload buffer)."""
+        if incoming.add_to_base and (self._base is None or incoming.spec.name not in self._base):
+            raise ProtocolError(f"difference for {incoming.spec.name!r} without a base tensor")
+        target = incoming.payload
+        array = np.empty(target.shape, dtype=np.dtype(target.dtype).newbyteorder("<"))
+        if not incoming.encoded:
+            self.weights[target.name] = array
+        self._incoming = incoming
+        self._current = array.reshape(-1).view(np.uint8)
+        self._filled = 0
+
+    def write(self, data: bytes) -> None:
+        """Copy a piece into place."""
+        if self._current is None:
+            raise ProtocolError("tensor data before the tensor's first chunk")
+        self._current[self._filled : self._filled + len(data)] = np.frombuffer(data, np.uint8)
+        self._filled += len(data)
+
+    def end(self) -> None:
+        """Decode (and add to the base) an encoded tensor; raw ones are in place."""
+        incoming, payload = self._incoming, self._current
+        self._incoming = self._current = None
+        if incoming is None or payload is None or not incoming.encoded:
+            return
+        spec = incoming.spec
+        values = decode_tensor(payload.data, incoming.chain, spec.dtype, spec.shape)
+        if incoming.add_to_base and self._base is not None:
+            values = np.add(self._base[spec.name], values, dtype=spec.dtype)
+        self.weights[spec.name] = values
+
+
+def _announced(chunk: pb.TensorChunk) -> Incoming:
+    payload = TensorSpec(chunk.name, serde.dtype_from_proto(chunk.dtype), tuple(chunk.shape))
+    if any(d < 0 for d in payload.shape):
+        raise ProtocolError(f"tensor {payload.name!r} has a negative dimension {payload.shape}")
+    if chunk.total_bytes != payload.nbytes:
+        raise ProtocolError(
+            f"tensor {payload.name!r}: total_bytes {chunk.total_bytes} != {payload.nbytes}"
+        )
+    if not chunk.HasField("encoding"):
+        if chunk.add_to_base:
+            raise ProtocolError(f"tensor {payload.name!r}: add_to_base needs an encoding")
+        return Incoming(payload, payload)
+    encoding = chunk.encoding
+    spec = TensorSpec(chunk.name, serde.dtype_from_proto(encoding.dtype), tuple(encoding.shape))
+    if payload.dtype != "uint8" or len(payload.shape) != 1 or any(d < 0 for d in spec.shape):
+        raise ProtocolError(f"tensor {spec.name!r}: an encoded payload must be uint8[n]")
+    if payload.nbytes > 2 * spec.nbytes + _PAYLOAD_SLACK:
+        raise TensorError(
+            f"tensor {spec.name!r}: {payload.nbytes}-byte payload for a {spec.nbytes}-byte tensor"
+        )
+    chain = serde.chain_from_proto(encoding.steps)
+    if not chain:
+        raise ProtocolError(f"tensor {spec.name!r}: an encoding with no codec steps")
+    return Incoming(spec, payload, chain, chunk.add_to_base)
+
+
+class Assembler:
+    """Checks a stream of :class:`pb.TensorChunk` and feeds the bytes to a sink.
+
+    Checks: chunk order and offsets, CRC-32, dtype/shape/size against ``expected``
+    (when given) or against the size limit, codec chains against the registry, and,
+    when ``check_finite`` is set, that raw floating-point data holds no NaN or Inf
+    (decoded tensors are checked where they are decoded).
+    """
+
+    def __init__(
+        self,
+        sink: TensorSink,
+        expected: ModelSpec | None = None,
+        *,
+        max_total_bytes: int = 1 << 40,
+        check_finite: bool = False,
+    ) -> None:
+        self._sink = sink
+        self._expected = expected
+        self._max_total = max_total_bytes
+        self._check_finite = check_finite
+        self._incoming: Incoming | None = None
+        self._offset = 0
+        self._received: list[TensorSpec] = []
+        self.total_bytes = 0
+        self.payload_bytes = 0
+
+    def feed(self, chunk: pb.TensorChunk) -> None:
+        """Take the next chunk; raise a :class:`ProtocolError` subclass on any fault."""
+        if chunk.first:
+            self._begin(chunk)
+        incoming = self._incoming
+        if incoming is None:
+            raise ProtocolError("chunk without a preceding first chunk of its tensor")
+        wire = incoming.payload
+        if chunk.offset != self._offset:
+            raise ProtocolError(
+                f"tensor {wire.name!r}: chunk at offset {chunk.offset}, expected {self._offset}"
+            )
+        data = chunk.data
+        if zlib.crc32(data) != chunk.crc32:
+            raise ChecksumError(f"tensor {wire.name!r}: checksum mismatch at offset {chunk.offset}")
+        end = self._offset + len(data)
+        itemsize = np.dtype(wire.dtype).itemsize
+        if end > wire.nbytes or (not chunk.last and len(data) % itemsize):
+            raise ProtocolError(f"tensor {wire.name!r}: chunk of {len(data)} bytes does not fit")
+        finite_checked = self._check_finite and np.dtype(wire.dtype).kind == "f"
+        if finite_checked and not np.isfinite(np.frombuffer(data, dtype=wire.dtype)).all():
+            raise NonFiniteError(f"tensor {wire.name!r} holds NaN or Inf values")
+        self._sink.write(data)
+        self._offset = end
+        if chunk.last:
+            if end != wire.nbytes:
+                raise ProtocolError(f"tensor {wire.name!r}: {end} of {wire.nbytes} bytes sent")
+            self._sink.end()
+            self._received.append(incoming.spec)
+            self._incoming = None
+
+    def _begin(self, chunk: pb.TensorChunk) -> None:
+        if self._incoming is not None:
+            name = self._incoming.spec.name
+            raise ProtocolError(f"tensor {name!r} ended without its last chunk")
+        incoming = _announced(chunk)
+        spec = incoming.spec
+        if self._expected is not None:
+            index = len(self._received)
+            if index >= len(self._expected):
+                raise TensorError(f"unexpected extra tensor {spec.name!r}")
+            if self._expected[index] != spec:
+                want = self._expected[index].describe()
+                raise TensorError(f"expected {want}, got {spec.describe()}")
+        self.total_bytes += spec.nbytes
+        self.payload_bytes += incoming.payload.nbytes
+        if self.payload_bytes > self._max_total:
+            raise TensorError(f"tensors exceed the limit of {self._max_total} bytes")
+        self._incoming = incoming
+        self._offset = 0
+        self._sink.begin(incoming)
+
+    def finish(self) -> ModelSpec:
+        """Check the stream ended cleanly; return the received (decoded) specification."""
+        if self._incoming is not None:
+            name = self._incoming.spec.name
+            raise TruncatedStreamError(f"stream ended inside tensor {name!r}")
+        if self._expected is not None and len(self._received) != len(self._expected):
+            missing = [t.name for t in self._expected[len(self._received) :]]
+            raise TruncatedStreamError(f"stream ended before tensors {missing}")
+        return tuple(self._received)
+
+
+__all__ = [
+    "ArraySink",
+    "Assembler",
+    "Incoming",
+    "TensorSink",
+    "encode_chunks",
+    "encode_upload",
+    "iter_chunks",
+]
