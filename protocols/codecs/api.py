@@ -8,13 +8,15 @@ limits of that promise across BLAS builds).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from geofl.protocols.codecs.base import Chain, CodecState, PayloadSpec, check_chain
 from geofl.protocols.codecs.wire import finish, framed_size, run_decode, run_encode, step_tag
 
-NDArray = npt.NDArray[np.generic]
+NDArray = npt.NDArray[Any]
 
 
 def encode_tensor(
@@ -47,7 +49,9 @@ def decode_tensor(
     malformed payload: wrong length, truncated, unknown or unexpected codec id, indices
     out of range, bad or non-finite scales, or a size that does not match ``shape``.
     """
-    return finish(run_decode(payload, chain), dtype, tuple(shape))
+    shape = tuple(int(d) for d in shape)
+    limit = int(np.prod(shape, dtype=np.int64))
+    return finish(run_decode(payload, chain, limit), dtype, shape)
 
 
 def estimate_bytes(dtype: str, shape: tuple[int, ...], chain: Chain) -> int:

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -21,7 +21,7 @@ import numpy.typing as npt
 from geofl.protocols.errors import ProtocolError
 from geofl.protocols.types import Scalar
 
-Array = npt.NDArray[np.generic]
+Array = npt.NDArray[Any]
 #: Named arrays in a fixed order; encoding starts from ``{"x": tensor}``.
 Payload = dict[str, Array]
 #: What :meth:`Codec.estimate` works on: name -> (dtype name, shape).
@@ -72,11 +72,10 @@ class Param:
         in_range = (self.choices is None or value in self.choices) and not (
             isinstance(value, float) and not math.isfinite(value)
         )
-        numeric = isinstance(value, int | float) and not isinstance(value, bool)
-        if numeric and self.low is not None and value < self.low:
-            in_range = False
-        if numeric and self.high is not None and value > self.high:
-            in_range = False
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            too_low = self.low is not None and value < self.low
+            too_high = self.high is not None and value > self.high
+            in_range = in_range and not (too_low or too_high)
         if not in_range:
             raise CodecError(
                 f"codec {codec!r}: parameter {name!r} must be {self.allowed()}, got {value!r}"
@@ -128,6 +127,7 @@ class Codec(ABC):
 
     def check_combination(self, params: dict[str, Scalar]) -> None:
         """Hook for rules that involve several parameters (default: none)."""
+        del params
 
     @abstractmethod
     def encode(self, data: Payload, params: Params, ctx: EncodeContext) -> Payload:

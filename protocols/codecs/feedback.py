@@ -9,6 +9,7 @@ compressor (top-k, sign) drops is eventually transmitted.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -17,7 +18,7 @@ from geofl.protocols.codecs.api import decode_tensor, encode_tensor
 from geofl.protocols.codecs.base import Chain, CodecState
 from geofl.protocols.errors import NonFiniteError, TensorError
 
-NDArray = npt.NDArray[np.generic]
+NDArray = npt.NDArray[Any]
 
 
 class ErrorFeedback:
@@ -54,7 +55,8 @@ class ErrorFeedback:
                 f"error feedback: residual of {name!r} has shape {residual.shape}, "
                 f"the update {values.shape}; reset() after a model change"
             )
-        return (values + residual).astype(values.dtype, copy=False)
+        corrected: NDArray = (values + residual).astype(values.dtype, copy=False)
+        return corrected
 
     def update(self, name: str, corrected: npt.ArrayLike, decoded: npt.ArrayLike) -> None:
         """Set the residual of ``name`` to ``corrected - decoded``."""

@@ -17,6 +17,7 @@ tensors that a rank-``r`` pair would not shrink travel raw (part ``raw``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class PowerSGD(ArrayCodec):
     wire_id = 7
     linear = False
     reshapes = True
-    params_spec = {"rank": Param(int, 4, low=1, high=4096)}
+    params_spec: ClassVar[Mapping[str, Param]] = {"rank": Param(int, 4, low=1, high=4096)}
 
     def encode_array(self, array: Array, params: Params, ctx: EncodeContext, key: str) -> Payload:
         """One power iteration from the warm-started ``Q``; updates the state."""

@@ -6,14 +6,16 @@ never over elements.  Decoders validate everything and raise :class:`CodecError`
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
 from geofl.protocols.codecs.base import CodecError
 
-U8 = npt.NDArray[np.uint8]
-U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
+U8 = npt.NDArray[Any]
+U64 = npt.NDArray[Any]
+I64 = npt.NDArray[Any]
 
 #: Index schemes of a sorted index set, as payload part names.
 GAP, VARINT_GAP, BITMAP = "gap", "vgap", "bmp"
@@ -105,12 +107,12 @@ def varint_decode(data: U8, count: int) -> U64:
     return values
 
 
-def smallest_width(max_value: int) -> np.dtype[np.unsignedinteger[npt.NBitBase]]:
+def smallest_width(max_value: int) -> np.dtype[Any]:
     """The narrowest little-endian unsigned dtype holding ``max_value``."""
     return next(w for w in _WIDTHS if max_value <= np.iinfo(w).max)
 
 
-def encode_indices(indices: I64, n: int) -> tuple[str, U8 | npt.NDArray[np.unsignedinteger]]:
+def encode_indices(indices: I64, n: int) -> tuple[str, U8]:
     """The smallest of three encodings of strictly increasing ``indices`` in ``[0, n)``.
 
     ``gap``: gaps minus one (``i[0]``, ``i[j] - i[j-1] - 1``) in the narrowest fixed
@@ -134,7 +136,7 @@ def encode_indices(indices: I64, n: int) -> tuple[str, U8 | npt.NDArray[np.unsig
     return BITMAP, np.packbits(bits, bitorder="little")
 
 
-def decode_indices(scheme: str, data: npt.NDArray[np.generic], count: int, n: int) -> I64:
+def decode_indices(scheme: str, data: U8, count: int, n: int) -> I64:
     """Indices from :func:`encode_indices`, checking count and range ``[0, n)``."""
     if count > n:
         raise CodecError(f"{count} indices cannot be distinct in a tensor of {n} elements")
@@ -158,7 +160,7 @@ def decode_indices(scheme: str, data: npt.NDArray[np.generic], count: int, n: in
     return indices
 
 
-def _decode_bitmap(data: npt.NDArray[np.generic], count: int, n: int) -> I64:
+def _decode_bitmap(data: U8, count: int, n: int) -> I64:
     if data.dtype != np.uint8 or data.size != -(-n // 8):
         raise CodecError(f"index bitmap must be {-(-n // 8)} bytes, got {data.size} {data.dtype}")
     bits = np.unpackbits(data.reshape(-1), bitorder="little")

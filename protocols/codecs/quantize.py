@@ -10,12 +10,21 @@ below one step ``m / s`` (half a step with ``stochastic: false``).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols.codecs.base import Array, CodecError, EncodeContext, Param, Params, register
-from geofl.protocols.codecs.base import PayloadSpec as Spec
+from geofl.protocols.codecs.base import (
+    Array,
+    CodecError,
+    EncodeContext,
+    Param,
+    Params,
+    Payload,
+    PayloadSpec,
+    register,
+)
 from geofl.protocols.codecs.packing import pack_codes, packed_size, unpack_codes
 from geofl.protocols.codecs.perarray import (
     ArrayCodec,
@@ -29,7 +38,7 @@ from geofl.protocols.codecs.perarray import (
 from geofl.protocols.errors import NonFiniteError
 from geofl.protocols.types import Scalar
 
-F32 = npt.NDArray[np.float32]
+F32 = npt.NDArray[Any]
 
 
 def _blocks(array: Array, block: int) -> tuple[F32, int]:
@@ -65,7 +74,7 @@ class QSGD(ArrayCodec):
     name = "qsgd"
     wire_id = 4
     linear = True
-    params_spec = {
+    params_spec: ClassVar[Mapping[str, Param]] = {
         "bits": Param(int, 8, choices=(8, 4, 2)),
         "block": Param(int, 512, low=8, high=1 << 20),
         "stochastic": Param(bool, True),
@@ -75,10 +84,10 @@ class QSGD(ArrayCodec):
         """Blocks must be whole bytes of codes."""
         if int(params["block"]) % 8:
             raise CodecError(
-                f"codec 'qsgd': parameter 'block' must be a multiple of 8, got {params['block']}"
+                f"codec 'qsgd': parameter 'block' must be a multiple of 8, got {params['block']!r}"
             )
 
-    def encode_array(self, array: Array, params: Params, ctx: EncodeContext, key: str) -> Spec:
+    def encode_array(self, array: Array, params: Params, ctx: EncodeContext, key: str) -> Payload:
         """Quantize ``array`` block by block (see the module docstring)."""
         bits, block = int(params["bits"]), int(params["block"])
         levels = (1 << (bits - 1)) - 1
@@ -86,9 +95,9 @@ class QSGD(ArrayCodec):
         scales = _checked_scales(
             np.maximum(rows.max(axis=1, initial=0), -rows.min(axis=1, initial=0)), self.name
         )
-        inverse = np.zeros_like(scales)
-        np.divide(np.float32(levels), scales, out=inverse, where=scales > 0)
-        scaled = rows * inverse[:, None]
+        # Divide by m (not multiply by s / m): s / m overflows float32 for tiny blocks.
+        scaled = rows / np.where(scales > 0, scales, np.float32(1))[:, None]
+        scaled *= np.float32(levels)
         if params["stochastic"]:
             scaled += ctx.rng.random(scaled.shape, dtype=np.float32)
             scaled += np.float32(levels)
@@ -114,10 +123,11 @@ class QSGD(ArrayCodec):
             codes = np.concatenate([codes, np.full(rows * block - n, levels, dtype=np.uint8)])
         values = codes.reshape(rows, block).astype(np.float32)
         values -= np.float32(levels)
-        values *= (scales / np.float32(levels))[:, None]
+        values *= np.float32(1 / levels)
+        values *= scales[:, None]
         return values.reshape(-1)[:n].reshape(shape)
 
-    def estimate_array(self, dtype: str, shape: tuple[int, ...], params: Params) -> Spec:
+    def estimate_array(self, dtype: str, shape: tuple[int, ...], params: Params) -> PayloadSpec:
         """``bits`` per element plus one float32 per block."""
         n = int(np.prod(shape, dtype=np.int64))
         bits, block = int(params["bits"]), int(params["block"])
@@ -138,17 +148,17 @@ class Sign(ArrayCodec):
     name = "sign"
     wire_id = 8
     linear = False
-    params_spec = {"block": Param(int, 0, low=0, high=1 << 30)}
+    params_spec: ClassVar[Mapping[str, Param]] = {"block": Param(int, 0, low=0, high=1 << 30)}
 
     def check_combination(self, params: dict[str, Scalar]) -> None:
         """Blocks must be whole bytes of sign bits."""
         if int(params["block"]) % 8:
             raise CodecError(
                 f"codec 'sign': parameter 'block' must be 0 or a multiple of 8, "
-                f"got {params['block']}"
+                f"got {params['block']!r}"
             )
 
-    def encode_array(self, array: Array, params: Params, ctx: EncodeContext, key: str) -> Spec:
+    def encode_array(self, array: Array, params: Params, ctx: EncodeContext, key: str) -> Payload:
         """Sign bits packed 8 per byte, little bit order, and the block scales."""
         n = int(array.size)
         block = int(params["block"]) or max(n, 1)
@@ -175,7 +185,7 @@ class Sign(ArrayCodec):
         per_element = np.repeat(scales, block)[:n] if rows > 1 else scales[:1]
         return (signs * per_element).reshape(shape) if n else np.zeros(shape, np.float32)
 
-    def estimate_array(self, dtype: str, shape: tuple[int, ...], params: Params) -> Spec:
+    def estimate_array(self, dtype: str, shape: tuple[int, ...], params: Params) -> PayloadSpec:
         """One bit per element plus one float32 per block."""
         n = int(np.prod(shape, dtype=np.int64))
         block = int(params["block"]) or max(n, 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +46,7 @@ from geofl.protocols.codecs.perarray import (
 from geofl.protocols.errors import NonFiniteError
 from geofl.protocols.types import Scalar
 
-I64 = npt.NDArray[np.int64]
+I64 = npt.NDArray[Any]
 _SIZE_PARAMS = {
     "ratio": Param(float, None, low=0.0, high=1.0),
     "k": Param(int, None, low=1, high=1 << 40),
@@ -66,7 +67,7 @@ def _check_size_params(codec: str, params: dict[str, Scalar]) -> None:
     if ("ratio" in params) == ("k" in params):
         raise CodecError(f"codec {codec!r}: give exactly one of 'ratio' (0 < ratio <= 1) or 'k'")
     if "ratio" in params and float(params["ratio"]) <= 0:
-        raise CodecError(f"codec {codec!r}: parameter 'ratio' must be > 0, got {params['ratio']}")
+        raise CodecError(f"codec {codec!r}: parameter 'ratio' must be > 0, got {params['ratio']!r}")
 
 
 def top_indices(flat: Array, k: int) -> I64:
@@ -110,7 +111,7 @@ def random_indices(seed: int, n: int, k: int) -> I64:
 def _scatter(values: Array, indices: I64, shape: tuple[int, ...], scale: float) -> Array:
     work = np.float64 if values.dtype == np.float64 else np.float32
     out = np.zeros(int(np.prod(shape, dtype=np.int64)), dtype=work)
-    out[indices] = values.astype(work) * work(scale) if scale != 1.0 else values
+    out[indices] = np.multiply(values, scale, dtype=work) if scale != 1.0 else values
     return out.reshape(shape)
 
 
@@ -180,7 +181,7 @@ class RandK(ArrayCodec):
     wire_id = 6
     linear = True
     reshapes = True
-    params_spec = {**_SIZE_PARAMS, "unbiased": Param(bool, False)}
+    params_spec: ClassVar[Mapping[str, Param]] = {**_SIZE_PARAMS, "unbiased": Param(bool, False)}
 
     def check_combination(self, params: dict[str, Scalar]) -> None:
         """Exactly one of ``ratio`` and ``k``."""

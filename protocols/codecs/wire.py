@@ -81,7 +81,7 @@ def serialize(wire_ids: Sequence[int], payload: Payload) -> bytes:
     arrays = [_le(array) for array in payload.values()]
     spec = {name: (a.dtype.name, a.shape) for name, a in zip(payload, arrays, strict=True)}
     chunks: list[bytes | memoryview] = [_header(wire_ids, spec)]
-    chunks.extend(memoryview(a.reshape(-1).view(np.uint8)) for a in arrays if a.size)
+    chunks.extend(a.reshape(-1).view(np.uint8).data for a in arrays if a.size)
     return b"".join(chunks)
 
 
@@ -179,19 +179,39 @@ def run_encode(array: npt.ArrayLike, chain: Chain, seed: int, state: CodecState 
     return serialize([step.codec.wire_id for step in chain], payload)
 
 
-def run_decode(payload: bytes | bytearray | memoryview, chain: Chain) -> Array:
+def _check_claimed_sizes(data: Payload, limit: int) -> None:
+    """No step may claim to rebuild more elements than the final tensor holds.
+
+    Intermediate arrays (kept values, low-rank factors) are never larger than the
+    tensor, so this bounds the memory a hostile payload can make the decoder allocate.
+    """
+    for name, array in data.items():
+        if name.endswith(".shape") and array.dtype == np.uint64 and array.ndim == 1:
+            claimed = float(np.prod(array.astype(np.float64)))
+            if claimed > limit:
+                raise CodecError(
+                    f"payload part {name!r} claims {claimed:.0f} elements, "
+                    f"more than the tensor's {limit}"
+                )
+
+
+def run_decode(
+    payload: bytes | bytearray | memoryview, chain: Chain, limit: int = MAX_ELEMENTS
+) -> Array:
     """Parse, check the chain, apply the steps backwards; the single array left."""
     check_chain(chain)
     wire_ids, data = parse(payload)
+    _check_claimed_sizes(data, limit)
     expected = tuple(step.codec.wire_id for step in chain)
     if wire_ids != expected:
         raise CodecError(
             f"payload was encoded with codec ids {list(wire_ids)}, "
             f"expected {list(expected)} ({[s.name for s in chain]})"
         )
-    for index in reversed(range(len(chain))):
-        step = chain[index]
-        data = step.codec.decode(data, step.params, step_tag(index))
+    with np.errstate(over="ignore", invalid="ignore"):  # caught by finish()
+        for index in reversed(range(len(chain))):
+            step = chain[index]
+            data = step.codec.decode(data, step.params, step_tag(index))
     if list(data) != ["x"]:
         raise CodecError(f"payload decodes to arrays {sorted(data)}, expected only 'x'")
     return data["x"]
@@ -206,4 +226,11 @@ def finish(array: Array, dtype: str, shape: tuple[int, ...]) -> Array:
         raise CodecError(f"payload holds {array.size} elements, expected {size} for {shape}")
     if array.dtype.name != dtype and not (is_float(dtype) and is_float(array.dtype)):
         raise CodecError(f"payload holds {array.dtype} values, expected {dtype}")
-    return array.astype(dtype).reshape(shape)
+    if is_float(array.dtype) and not np.isfinite(array).all():
+        raise CodecError("payload decodes to NaN or Inf values")
+    with np.errstate(over="ignore"):
+        result = array.astype(dtype).reshape(shape)
+    narrowed = is_float(dtype) and array.dtype.itemsize > result.dtype.itemsize
+    if narrowed and not np.isfinite(result).all():
+        raise CodecError(f"payload decodes to values that overflow {dtype}")
+    return result

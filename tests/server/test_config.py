@@ -167,9 +167,9 @@ def test_typo_names_line_and_allowed_keys(tmp_path: Path) -> None:
 
 
 def test_unknown_section_is_an_error(tmp_path: Path) -> None:
-    path = write(tmp_path, MINIMAL + "compression: {up: []}\n")
+    path = write(tmp_path, MINIMAL + "secure_aggregation: {enabled: true}\n")
     (line,) = problems_of(path)
-    assert line.startswith(f"{path}:3: compression: unknown key; allowed keys: evaluation, model,")
+    assert line.startswith(f"{path}:3: secure_aggregation: unknown key; allowed keys: compression,")
 
 
 def test_wrong_type_is_not_coerced(tmp_path: Path) -> None:
