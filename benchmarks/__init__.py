@@ -9,6 +9,7 @@ Building blocks: :mod:`benchmarks.byteproxy` (byte-counting TCP proxy),
 __all__ = [
     "apps",
     "byteproxy",
+    "compression",
     "core",
     "flower_system",
     "framework",
