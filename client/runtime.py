@@ -146,7 +146,8 @@ class ClientRuntime:
     def _serve(self) -> bool:
         """Handle tasks; True when the run is over."""
         while not self._rejoin.is_set():
-            task = self._conn.get_task(self._opt.poll_timeout_s)
+            held = self._cache[0] if self._cache is not None else None
+            task = self._conn.get_task(self._opt.poll_timeout_s, held)
             if task.kind == pb.TASK_KIND_SHUTDOWN:
                 log.info("run over: %s", task.reason or "shutdown")
                 return True
