@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 from safetensors.numpy import load_file, save_file
 
 from geofl.protocols.codecs import (
@@ -27,8 +29,7 @@ from geofl.protocols.codecs import (
     encode_with_feedback,
 )
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.tensors import EncodedTensor, Tensorish
-from geofl.protocols.types import WeightsView
+from geofl.protocols.tensors import Difference, EncodedTensor, Tensorish
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +50,26 @@ class UploadCompressor:
             self._load(path)
 
     def encode(
-        self, delta: WeightsView, plan: UploadPlan, *, run_id: int, round_number: int, seed: int
+        self,
+        delta: Mapping[str, Difference | npt.NDArray[np.generic]],
+        plan: UploadPlan,
+        *,
+        run_id: int,
+        round_number: int,
+        seed: int,
     ) -> tuple[dict[str, Tensorish], int]:
         """The tensors to upload and their payload size in bytes."""
         self._maybe_reset(plan, run_id, round_number)
         rules = plan.rules
         out: dict[str, Tensorish] = {}
         payload_bytes = 0
-        for index, (name, values) in enumerate(delta.items()):
-            chain = chain_for(name, values.nbytes, rules, dtype=values.dtype.name)
+        for index, (name, item) in enumerate(delta.items()):
+            chain = chain_for(name, item.nbytes, rules, dtype=item.dtype.name)
             if not chain:
-                out[name] = values
-                payload_bytes += values.nbytes
+                out[name] = item
+                payload_bytes += item.nbytes
                 continue
+            values = item.materialize() if isinstance(item, Difference) else item
             state = self.codec_state.setdefault(name, {})
             tensor_seed = (seed * 65_537 + index) % 2**64
             if plan.error_feedback:

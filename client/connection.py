@@ -124,11 +124,14 @@ class Connection:
         except grpc.RpcError as exc:
             raise translate(exc) from exc
 
-    def get_task(self, poll_timeout_s: float) -> pb.Task:
-        """Long-poll for the next task."""
+    def get_task(self, poll_timeout_s: float, held_version: int | None = None) -> pb.Task:
+        """Long-poll for the next task, telling the server which model version we hold."""
+        request = pb.GetTaskRequest(poll_timeout_s=poll_timeout_s)
+        if held_version is not None:
+            request.held_version, request.has_model = held_version, True
         try:
             task: pb.Task = self._stub.GetTask(
-                pb.GetTaskRequest(poll_timeout_s=poll_timeout_s),
+                request,
                 metadata=self._metadata(),
                 timeout=poll_timeout_s + 10.0,
             )

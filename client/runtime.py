@@ -24,7 +24,7 @@ from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, plan_from_proto, scalar_map
-from geofl.protocols.tensors import Tensorish, check_matches, spec_of
+from geofl.protocols.tensors import Difference, Tensorish, check_matches, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -146,7 +146,8 @@ class ClientRuntime:
     def _serve(self) -> bool:
         """Handle tasks; True when the run is over."""
         while not self._rejoin.is_set():
-            task = self._conn.get_task(self._opt.poll_timeout_s)
+            held = self._cache[0] if self._cache is not None else None
+            task = self._conn.get_task(self._opt.poll_timeout_s, held)
             if task.kind == pb.TASK_KIND_SHUTDOWN:
                 log.info("run over: %s", task.reason or "shutdown")
                 return True
@@ -208,7 +209,7 @@ class ClientRuntime:
 
     def _fit(
         self, global_weights: Weights, config: dict[str, Scalar], header: pb.UploadHeader
-    ) -> Weights:
+    ) -> dict[str, Difference]:
         if self._client is None:
             raise RuntimeError("no client app")
         params = {k: v.copy() for k, v in global_weights.items()}
@@ -218,10 +219,11 @@ class ClientRuntime:
         header.update_kind = pb.UPDATE_KIND_DELTA
         header.num_examples = int(num_examples)
         _fill_metrics(header, metrics)
-        return {name: np.subtract(new[name], base) for name, base in global_weights.items()}
+        # Differences are computed chunk by chunk while sending: no third copy of the model.
+        return {name: Difference(new[name], base) for name, base in global_weights.items()}
 
     def _compress(
-        self, task: pb.Task, delta: Weights, header: pb.UploadHeader
+        self, task: pb.Task, delta: dict[str, Difference], header: pb.UploadHeader
     ) -> Mapping[str, Tensorish]:
         """Encode the update under the server's plan (the raw delta when there is none)."""
         if not task.HasField("upload") or not task.upload.steps:

@@ -26,7 +26,13 @@ from geofl.protocols.errors import (
     TensorError,
     TruncatedStreamError,
 )
-from geofl.protocols.tensors import EncodedTensor, ModelSpec, Tensorish, TensorSpec
+from geofl.protocols.tensors import (
+    Difference,
+    EncodedTensor,
+    ModelSpec,
+    Tensorish,
+    TensorSpec,
+)
 from geofl.protocols.types import WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 
@@ -37,15 +43,32 @@ _PAYLOAD_SLACK = 64 << 10
 # ----------------------------------------------------------------- sending
 
 
-def _wire_bytes(item: Tensorish) -> memoryview:
+def _little_endian(array: npt.NDArray[np.generic]) -> npt.NDArray[np.generic]:
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _wire_bytes(item: npt.NDArray[np.generic] | EncodedTensor) -> memoryview:
     """Contiguous little-endian bytes of an array (no copy when possible) or a payload."""
     if isinstance(item, EncodedTensor):
         return memoryview(item.payload)
-    array = item
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    flat: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    flat: Any = _little_endian(item).view(np.uint8)
     return memoryview(flat)
+
+
+def _pieces(item: Tensorish, chunk_bytes: int) -> Iterator[bytes]:
+    """The bytes of one tensor, ``chunk_bytes`` at a time (at least one piece)."""
+    if isinstance(item, Difference):
+        new, base = _little_endian(item.new), _little_endian(item.base)
+        step = max(1, chunk_bytes // base.dtype.itemsize)
+        for start in range(0, max(base.size, 1), step):
+            part = slice(start, start + step)
+            yield np.subtract(new[part], base[part], dtype=base.dtype).tobytes()
+        return
+    data = _wire_bytes(item)
+    for start in range(0, max(len(data), 1), chunk_bytes):
+        yield bytes(data[start : start + chunk_bytes])
 
 
 def _describe(chunk: pb.TensorChunk, name: str, item: Tensorish, total: int) -> None:
@@ -71,11 +94,9 @@ def iter_chunks(
     if chunk_bytes <= 0 or chunk_bytes % 8:
         raise ValueError(f"chunk_bytes must be a positive multiple of 8, got {chunk_bytes}")
     for name, item in tensors.items():
-        data = _wire_bytes(item)
-        total = len(data)
+        total = len(item.payload) if isinstance(item, EncodedTensor) else int(item.nbytes)
         offset = 0
-        while True:
-            piece = bytes(data[offset : offset + chunk_bytes])
+        for piece in _pieces(item, chunk_bytes):
             end = offset + len(piece)
             chunk = pb.TensorChunk(
                 offset=offset, data=piece, crc32=zlib.crc32(piece), last=end >= total
@@ -84,8 +105,6 @@ def iter_chunks(
                 _describe(chunk, name, item, total)
             yield chunk
             offset = end
-            if offset >= total:
-                break
 
 
 def encode_chunks(

@@ -72,8 +72,36 @@ class EncodedTensor:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
-#: What a tensor stream carries per name: raw arrays or encoded payloads.
-Tensorish = npt.NDArray[np.generic] | EncodedTensor
+@dataclass(frozen=True)
+class Difference:
+    """``new - base``, computed piece by piece as it is sent (never whole in memory)."""
+
+    new: npt.NDArray[np.generic]
+    base: npt.NDArray[np.generic]
+
+    @property
+    def dtype(self) -> np.dtype[np.generic]:
+        """dtype of the difference (that of the base)."""
+        return self.base.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of the difference."""
+        return tuple(self.base.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the difference in bytes."""
+        return int(self.base.nbytes)
+
+    def materialize(self) -> npt.NDArray[np.generic]:
+        """The whole difference as an array."""
+        result: npt.NDArray[np.generic] = np.subtract(self.new, self.base, dtype=self.base.dtype)
+        return result
+
+
+#: What a tensor stream carries per name: raw arrays, differences or encoded payloads.
+Tensorish = npt.NDArray[np.generic] | Difference | EncodedTensor
 
 
 def spec_of(weights: WeightsView) -> ModelSpec:
@@ -107,6 +135,7 @@ def check_matches(spec: ModelSpec, weights: WeightsView) -> None:
 
 __all__ = [
     "SUPPORTED_DTYPES",
+    "Difference",
     "EncodedTensor",
     "ModelSpec",
     "TensorSpec",

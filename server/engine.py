@@ -190,6 +190,7 @@ class RoundEngine:
             self._strategy.configure_fit(record.number, self._cfg.round_config),
         )
         await self._until_downloaded(tasks)
+        self._models.release_encoded(record.number - 1)  # stragglers get it re-encoded
         clock.enter(Phase.FIT)
         fit_results = await self._collect(record, tasks, fold=accumulator.add)
         if len(fit_results) < self._cfg.min_clients:
@@ -202,6 +203,7 @@ class RoundEngine:
         record.train_loss, record.fit_metrics = self._summarise(fit_results)
         try:
             mean = await asyncio.to_thread(accumulator.mean)
+            del accumulator  # its float64 sums are twice the model: free them before the step
             new_weights = await asyncio.to_thread(
                 self._strategy.apply, self.weights, mean, record.number
             )

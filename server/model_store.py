@@ -110,6 +110,11 @@ class ModelStore:
         self._exact.pop(version, None)
         self._tracks.pop(version, None)
 
+    def release_encoded(self, version: int) -> None:
+        """Free the encoded chunks of ``version`` (re-encoded if a client still asks)."""
+        for track in self._tracks.get(version, {}).values():
+            track.encoded.clear()
+
     def get(self, version: int) -> WeightsView | None:
         """The exact weights of ``version``, if still published."""
         return self._exact.get(version)

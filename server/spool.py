@@ -98,8 +98,12 @@ class SpoolSink:
             return memoryview(view)
         if self._file is None:
             raise ValueError("the upload was discarded")
-        self._file.seek(offset)
-        return self._file.read(size)
+        if size == 0:
+            return b""
+        # Mapped, not read: the pages stay in the page cache, not in the process.
+        self._file.flush()
+        mapped: Any = np.memmap(self._file, dtype=np.uint8, mode="r", offset=offset, shape=(size,))
+        return memoryview(mapped)
 
     def update(self) -> SpooledUpdate:
         """The complete update as a lazily read mapping (closing it frees the staging)."""

@@ -194,10 +194,14 @@ class HeartbeatReply(_message.Message):
     def __init__(self, heartbeat_interval_s: _Optional[float] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("poll_timeout_s",)
+    __slots__ = ("poll_timeout_s", "held_version", "has_model")
     POLL_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    HELD_VERSION_FIELD_NUMBER: _ClassVar[int]
+    HAS_MODEL_FIELD_NUMBER: _ClassVar[int]
     poll_timeout_s: float
-    def __init__(self, poll_timeout_s: _Optional[float] = ...) -> None: ...
+    held_version: int
+    has_model: bool
+    def __init__(self, poll_timeout_s: _Optional[float] = ..., held_version: _Optional[int] = ..., has_model: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload")

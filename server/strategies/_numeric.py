@@ -8,6 +8,7 @@ negative.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,26 @@ def delta_dtype(dtype: np.dtype[Any], name: str) -> np.dtype[Any]:
     if dtype.kind == "u":
         return np.dtype(f"i{dtype.itemsize}")
     return dtype
+
+
+#: Elements per block when large tensors are processed piecewise: float64 temporaries
+#: stay at 8 MiB whatever the model size.
+BLOCK = 1 << 20
+
+
+def blocks(size: int, block: int | None = None) -> Iterator[slice]:
+    """Consecutive slices covering ``range(size)`` (one empty slice for size 0)."""
+    block = block or BLOCK
+    if size == 0:
+        yield slice(0, 0)
+        return
+    for start in range(0, size, block):
+        yield slice(start, min(start + block, size))
+
+
+def flat(array: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """A 1-d view of ``array`` (a copy only if it is not contiguous)."""
+    return np.ascontiguousarray(array).reshape(-1)
 
 
 def to_dtype(values: F64Array, dtype: np.dtype[Any], name: str) -> npt.NDArray[Any]:

@@ -17,7 +17,14 @@ import numpy as np
 import numpy.typing as npt
 
 from geofl.protocols.types import Config, Weights, WeightsView
-from geofl.server.strategies._numeric import F64Array, add_integer, is_integer, to_dtype
+from geofl.server.strategies._numeric import (
+    F64Array,
+    add_integer,
+    blocks,
+    flat,
+    is_integer,
+    to_dtype,
+)
 from geofl.server.strategies.base import Strategy
 from geofl.server.strategies.errors import StrategyError
 from geofl.server.strategies.streaming import StreamingMean
@@ -80,9 +87,9 @@ class ServerOptStrategy(Strategy):
                 new_weights[name] = add_integer(weights, delta, name)
                 continue
             current = self._state.get(name) or self._zeros(weights.shape)
-            increment, new_state[name] = self._step(delta.astype(np.float64), current, server_round)
-            moved = np.asarray(weights, dtype=np.float64) + increment
-            new_weights[name] = to_dtype(moved, weights.dtype, name)
+            new_weights[name], new_state[name] = self._step_blocks(
+                name, weights, delta, current, server_round
+            )
         if self.slots:
             self._state = new_state
         return new_weights
@@ -119,6 +126,27 @@ class ServerOptStrategy(Strategy):
         for name, arrays in grouped.items():
             _check_slots(name, arrays, self.slots)
         self._state = grouped
+
+    def _step_blocks(
+        self,
+        name: str,
+        weights: npt.NDArray[Any],
+        delta: npt.NDArray[Any],
+        current: _TensorState,
+        server_round: int,
+    ) -> tuple[npt.NDArray[Any], _TensorState]:
+        """Step one tensor block by block: every kernel is elementwise, and float64
+        temporaries of a whole large tensor would cost several times the model."""
+        result = np.empty(weights.shape, dtype=weights.dtype)
+        fresh = {slot: np.empty(weights.shape, dtype=np.float64) for slot in self.slots}
+        w, d, out = flat(weights), flat(delta), result.reshape(-1)
+        for part in blocks(w.size):
+            state = {slot: array.reshape(-1)[part] for slot, array in current.items()}
+            increment, stepped = self._step(d[part].astype(np.float64), state, server_round)
+            out[part] = to_dtype(w[part].astype(np.float64) + increment, weights.dtype, name)
+            for slot in self.slots:
+                fresh[slot].reshape(-1)[part] = stepped[slot]
+        return result, fresh
 
     def _zeros(self, shape: tuple[int, ...]) -> _TensorState:
         """Return fresh all-zero state for one tensor (the first round's starting point)."""

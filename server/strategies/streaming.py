@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from geofl.protocols.types import Weights, WeightsView
-from geofl.server.strategies._numeric import F64Array, delta_dtype, to_dtype
+from geofl.server.strategies._numeric import F64Array, blocks, delta_dtype, flat, to_dtype
 from geofl.server.strategies.errors import StrategyError, UpdateRejected
 
 __all__ = ["StreamingMean", "TensorSpecLike"]
@@ -108,8 +108,9 @@ class StreamingMean:
             _check_tensor(name, slot, update[name], factor)
         with self._lock:
             for name, slot in self._slots.items():
-                contribution = np.multiply(update[name], factor, dtype=np.float64)
-                np.add(slot.total, contribution, out=slot.total)
+                values, total = flat(np.asarray(update[name])), slot.total.reshape(-1)
+                for part in blocks(values.size):
+                    total[part] += np.multiply(values[part], factor, dtype=np.float64)
             self.count += 1
             self.total_weight += factor
 
@@ -130,8 +131,12 @@ class StreamingMean:
                 raise StrategyError("cannot take the mean of zero updates")
             result: Weights = {}
             for name, slot in self._slots.items():
-                mean = slot.total / self.total_weight
-                result[name] = to_dtype(mean, delta_dtype(slot.dtype, name), name)
+                dtype = delta_dtype(slot.dtype, name)
+                out = np.empty(slot.shape, dtype=dtype)
+                total, target = slot.total.reshape(-1), out.reshape(-1)
+                for part in blocks(total.size):
+                    target[part] = to_dtype(total[part] / self.total_weight, dtype, name)
+                result[name] = out
             return result
 
     def _check_names(self, update: WeightsView) -> None:
@@ -168,7 +173,8 @@ def _check_tensor(name: str, slot: _Slot, value: npt.NDArray[Any], factor: float
         raise UpdateRejected(f"tensor {name!r}: expected shape {slot.shape}, got {array.shape}")
     if array.dtype.kind != "f" or array.size == 0:
         return
-    peak = float(np.max(np.abs(array)))
+    values = flat(array)
+    peak = max(float(np.max(np.abs(values[part]))) for part in blocks(values.size))
     if not math.isfinite(peak):
         raise UpdateRejected(f"tensor {name!r}: expected finite values, got NaN or inf")
     if not math.isfinite(peak * factor):

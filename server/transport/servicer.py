@@ -168,12 +168,15 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             with _translated():
                 session = self._s.registry.session(_token(context))
                 timeout = min(max(request.poll_timeout_s, 0.0), _MAX_POLL_S)
-                return await self._next_task(session, timeout)
+                held = request.held_version if request.has_model else None
+                return await self._next_task(session, timeout, held)
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise
 
-    async def _next_task(self, session: NodeSession, timeout: float) -> pb.Task:
+    async def _next_task(
+        self, session: NodeSession, timeout: float, held: int | None = None
+    ) -> pb.Task:
         registry = self._s.registry
         if session.mailbox.empty() and not registry.finished.is_set():
             await _wait_for_mail(session, registry, timeout)
@@ -181,6 +184,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         while not session.mailbox.empty():
             task = session.mailbox.get_nowait()
             if not task.future.done():
+                if held == task.model_version:
+                    task.downloaded.set()  # nothing to download: broadcast is done
                 return self._task_message(task)
         if registry.finished.is_set():
             registry.shutdown_delivered.add(session.node_id)

@@ -129,3 +129,21 @@ def test_model_larger_than_grpc_message_limit_streams_in_chunks(tmp_path: Path, 
     detail = _detail(config, result.run_id)
     fits = [p for p in detail.participations if p.kind == "fit"]
     assert all(p.bytes_up > 24_000_000 and p.bytes_down > 24_000_000 for p in fits)
+
+
+def test_uploads_spilled_to_disk_aggregate_the_same(tmp_path: Path, serve: Any) -> None:
+    """With no staging memory every upload goes to a temporary file (memory-mapped)."""
+    config = run_config(
+        tmp_path,
+        evaluation={"every": 0, "server": None},
+        model="geofl_testapp:make_large_model",
+        server={"upload_buffer_bytes": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+    )
+    server = serve(config)
+    server.add_client(0, app="geofl_testapp:shift_app")
+    server.add_client(1, app="geofl_testapp:shift_app")
+    result = server.wait()
+    weights = _final_weights(config, result.run_id)
+    np.testing.assert_array_equal(weights["big"], np.full(6_000_000, 3.0, np.float32))
+    assert server.coordinator._state.upload_budget.peak == 0
