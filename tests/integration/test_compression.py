@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.storage import open_database, queries
 
 from .conftest import run_config
-from .test_bad_input import _fit_task, _header
+from .test_bad_input import _header, _raw_client
 from .test_rounds import _detail, _final_weights
 
 
@@ -110,8 +109,7 @@ def test_undecodable_payload_is_rejected_and_recorded(tmp_path: Path, serve: Any
         header.payload_bytes = len(good) // 2 + 12 + 8
         conn.submit(header, tensors, 1 << 16, 10)
 
-    raw = threading.Thread(target=_run_raw, args=(server.port, send_garbage, errors), daemon=True)
-    raw.start()
+    raw = _raw_client(server.port, "garbage", send_garbage, errors)
     result = server.wait()
     raw.join(10)
     assert not errors, errors  # the upload itself is accepted; decoding fails at the fold
@@ -121,17 +119,6 @@ def test_undecodable_payload_is_rejected_and_recorded(tmp_path: Path, serve: Any
     assert [p.status for p in bad] == ["rejected"]
     assert "w" in (bad[0].reason or "") or "payload" in (bad[0].reason or "")
     assert detail.rounds[0].num_succeeded == 2
-
-
-def _run_raw(port: int, act: Any, errors: list[BaseException]) -> None:
-    conn = Connection(f"127.0.0.1:{port}")
-    try:
-        conn.join("garbage", None, {}, timeout=5)
-        act(conn, _fit_task(conn))
-    except BaseException as exc:
-        errors.append(exc)
-    finally:
-        conn.close()
 
 
 def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> None:
@@ -166,8 +153,7 @@ def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> Non
 
                 raise translate(exc) from exc  # type: ignore[arg-type]
 
-    raw = threading.Thread(target=_run_raw, args=(server.port, unknown_codec, errors), daemon=True)
-    raw.start()
+    raw = _raw_client(server.port, "garbage", unknown_codec, errors)
     server.wait()
     raw.join(10)
     assert not errors, errors
