@@ -49,7 +49,7 @@ start() {
     require_postgres
     local base=${1:-}
     if [ -z "$base" ]; then
-        base=$(mktemp -d /tmp/geofl-postgres.XXXXXX)
+        base=$(mktemp -d -t geofl-postgres.XXXXXX)
     fi
     mkdir -p "$base"
     base=$(cd "$base" && pwd)

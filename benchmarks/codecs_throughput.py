@@ -4,7 +4,7 @@ Each codec compresses a seeded standard-normal float32 tensor (default 10 M elem
 40 MB) ``--repeats`` times; we report the median encode time, the median decode time
 and ``input MB / (encode + decode)``.  NumPy's element-wise kernels are single-threaded;
 BLAS threads (PowerSGD's matmuls) are pinned to one by the environment variables set
-below before NumPy is imported.  Heavy: run under ``flock /tmp/geofl-heavy.lock``.
+below before NumPy is imported.  Heavy: on a shared host, run it when nothing else is measuring.
 
 Run as ``python -m benchmarks.codecs_throughput [--elements N] [--repeats R] [--json F]``.
 """

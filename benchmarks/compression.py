@@ -7,8 +7,8 @@ directory in a temporary folder.  The figures are read back from the database wi
 ``geofl runs show ID --json``: wire and raw upload bytes per round and the server-side test
 accuracy after every round.  Codec throughput is re-measured on one core with
 :func:`benchmarks.codecs_throughput.measure`.  Every heavy step holds
-``/tmp/geofl-heavy.lock``; the JSON is rewritten after every configuration so that partial
-results survive.
+``geofl-heavy.lock`` in the temporary directory; the JSON is rewritten after every
+configuration so that partial results survive.
 
 Run as ``python -m benchmarks.compression [--rounds R] [--clients N] [--configs a,b]
 --out benchmarks/results/compression.json [--png benchmarks/compression_accuracy_vs_bytes.png]``.
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 ACCURACY_TARGET = 0.85
-LOCK = Path("/tmp/geofl-heavy.lock")
+LOCK = Path(tempfile.gettempdir()) / "geofl-heavy.lock"
 RUN_YAML = "examples/fashion_mnist/run.yaml"
 BYTES_TARGET = 50.0  # fewer upload bytes than uncompressed, at most ...
 ACCURACY_LOSS_PP = 1.0  # ... percentage points of final accuracy lost

@@ -79,7 +79,7 @@ def test_configs_are_the_issue_list_and_parse() -> None:
     ]  # fmt: skip
     for label, config in (*CONFIGS.items(), *EXTRA_CONFIGS.items()):
         assert "," not in label  # --configs is comma-separated
-        overrides(config, 1, 1, Path("/tmp/x"))  # raises on an invalid chain
+        overrides(config, 1, 1, Path("workdir"))  # raises on an invalid chain
 
 
 def test_overrides_round_trip_through_yaml(tmp_path: Path) -> None:
