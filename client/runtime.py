@@ -23,7 +23,12 @@ from geofl.client.app import Client, ClientContext
 from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
 from geofl.protocols.errors import GeoflError, SessionError
-from geofl.protocols.serde import DEFAULT_CHUNK_BYTES, plan_from_proto, scalar_map
+from geofl.protocols.serde import (
+    DEFAULT_CHUNK_BYTES,
+    fill_scalar_map,
+    plan_from_proto,
+    scalar_map,
+)
 from geofl.protocols.tensors import Difference, Tensorish, check_matches, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
@@ -249,8 +254,6 @@ class ClientRuntime:
 
 
 def _fill_metrics(header: pb.UploadHeader, metrics: dict[str, Scalar]) -> None:
-    from geofl.protocols.serde import fill_scalar_map
-
     fill_scalar_map(header.metrics, {str(k): v for k, v in metrics.items()})
     loss = metrics.get("train_loss", metrics.get("loss"))
     if isinstance(loss, (int, float)) and not isinstance(loss, bool):

@@ -110,7 +110,6 @@ class Coordinator:
             run_name=config.run.name,
             spec=spec_of(self.weights),
             join_node=self._join_node,
-            chunk_bytes=config.server.chunk_bytes,
             run_config=dict(config.round_config),
             models=ModelStore(
                 config.server.chunk_bytes,

@@ -98,7 +98,6 @@ class RoundRecord:
     """What a round produced, handed to the recorder at commit."""
 
     number: int
-    selected: list[int] = field(default_factory=list)
     phase_durations: dict[str, float] = field(default_factory=dict)
     outcomes: list[tuple[TaskRecord, Outcome]] = field(default_factory=list)
     train_loss: float | None = None
@@ -179,7 +178,6 @@ class RoundEngine:
         clock = _PhaseClock(record, self._recorder)
         clock.enter(Phase.SELECT)
         cohort = await self._select(record.number)
-        record.selected = [s.node_id for s in cohort]
         clock.enter(Phase.BROADCAST)
         accumulator = self._strategy.begin_round(self.weights)
         tasks = self._dispatch(
@@ -220,8 +218,8 @@ class RoundEngine:
 
     # ----------------------------------------------------------- phases
 
-    async def _select(self, number: int, *, minimum: int | None = None) -> list[NodeSession]:
-        need = self._cfg.min_clients if minimum is None else minimum
+    async def _select(self, number: int) -> list[NodeSession]:
+        need = self._cfg.min_clients
         deadline = time.monotonic() + self._cfg.wait_for_clients_s
         while True:
             self._registry.expire()

@@ -68,12 +68,10 @@ class ModelStore:
         self.tracks = tuple(dict.fromkeys(tracks)) or ((),)
         self._min_bytes = min_bytes
         self._seed = seed
-        self._exact: dict[int, WeightsView] = {}
         self._tracks: dict[int, dict[Chain, _Track]] = {}
 
     def put(self, version: int, weights: WeightsView) -> None:
         """Publish ``weights`` as ``version`` on every downlink track."""
-        self._exact[version] = weights
         previous = self._tracks.get(version - 1, {})
         self._tracks[version] = {
             chain: self._track(version, weights, chain, previous.get(chain))
@@ -107,17 +105,12 @@ class ModelStore:
 
     def drop(self, version: int) -> None:
         """Forget ``version`` (no client will be asked for it again)."""
-        self._exact.pop(version, None)
         self._tracks.pop(version, None)
 
     def release_encoded(self, version: int) -> None:
         """Free the encoded chunks of ``version`` (re-encoded if a client still asks)."""
         for track in self._tracks.get(version, {}).values():
             track.encoded.clear()
-
-    def get(self, version: int) -> WeightsView | None:
-        """The exact weights of ``version``, if still published."""
-        return self._exact.get(version)
 
     def view(self, version: int, chain: Chain = ()) -> WeightsView | None:
         """What clients on the ``chain`` track hold for ``version``."""

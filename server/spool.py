@@ -68,11 +68,6 @@ class SpoolSink:
         self._size = 0
         self._layout: dict[str, tuple[Incoming, int]] = {}
 
-    @property
-    def spilled(self) -> bool:
-        """Whether this upload is staged on disk (the memory budget was exhausted)."""
-        return self._file is not None
-
     def begin(self, incoming: Incoming) -> None:
         """Remember where the tensor (or its codec payload) starts."""
         self._layout[incoming.spec.name] = (incoming, self._size)
@@ -148,11 +143,6 @@ class SpooledUpdate(Mapping[str, npt.NDArray[np.generic]]):
 
     def __len__(self) -> int:
         return len(self._layout)
-
-    @property
-    def spilled(self) -> bool:
-        """Whether the update went to disk (the memory budget was exhausted)."""
-        return self._sink.spilled
 
     def close(self) -> None:
         """Release the staging area."""

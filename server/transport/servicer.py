@@ -54,7 +54,6 @@ class ServerState:
     run_name: str
     spec: ModelSpec
     join_node: Callable[[str, str | None, dict[str, Scalar]], int]
-    chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
     run_config: dict[str, Scalar] = field(default_factory=dict)
     models: ModelStore = field(default_factory=ModelStore)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
