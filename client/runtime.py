@@ -22,6 +22,7 @@ import numpy as np
 from geofl.client.app import Client, ClientContext
 from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
+from geofl.client.secure_rounds import SecureRounds
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import (
     DEFAULT_CHUNK_BYTES,
@@ -29,12 +30,32 @@ from geofl.protocols.serde import (
     plan_from_proto,
     scalar_map,
 )
-from geofl.protocols.tensors import Difference, Tensorish, check_matches, spec_of
+from geofl.protocols.tensors import (
+    MASKED_TENSOR,
+    Difference,
+    Tensorish,
+    check_matches,
+    spec_of,
+)
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 
 log = logging.getLogger(__name__)
+
+#: Tasks that produce a result (the rest are WAIT and SHUTDOWN).
+_WORK = frozenset(
+    {
+        pb.TASK_KIND_FIT,
+        pb.TASK_KIND_EVALUATE,
+        pb.TASK_KIND_SECAGG_ADVERTISE,
+        pb.TASK_KIND_SECAGG_SHARE,
+        pb.TASK_KIND_SECAGG_UNMASK,
+    }
+)
+_SECURE_STAGES = frozenset(
+    {pb.TASK_KIND_SECAGG_ADVERTISE, pb.TASK_KIND_SECAGG_SHARE, pb.TASK_KIND_SECAGG_UNMASK}
+)
 
 
 @dataclass
@@ -96,6 +117,7 @@ class ClientRuntime:
         if options.state_dir is not None:
             state_file = options.state_dir / f"{options.node_name}.compression.safetensors"
         self._compressor = UploadCompressor(state_file)
+        self._secure = SecureRounds()
         self._stop = threading.Event()
         self._rejoin = threading.Event()
         self.session: Session | None = None
@@ -156,7 +178,7 @@ class ClientRuntime:
             if task.kind == pb.TASK_KIND_SHUTDOWN:
                 log.info("run over: %s", task.reason or "shutdown")
                 return True
-            if task.kind in (pb.TASK_KIND_FIT, pb.TASK_KIND_EVALUATE):
+            if task.kind in _WORK:
                 try:
                     self._handle(task)
                 except SessionError:
@@ -191,16 +213,19 @@ class ClientRuntime:
         return max(1.0, task.deadline_unix_s - time.time() + 5.0)
 
     def _handle(self, task: pb.Task) -> None:
-        global_weights = self._model(task)
-        config = scalar_map(task.config)
         header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
         tensors: Mapping[str, Tensorish] | None = None
         started = time.perf_counter()
         try:
-            if task.kind == pb.TASK_KIND_FIT:
-                tensors = self._compress(task, self._fit(global_weights, config, header), header)
+            if task.kind in _SECURE_STAGES:
+                header.update_kind = pb.UPDATE_KIND_NONE
+                header.secagg.CopyFrom(self._secure_stage(task))
+            elif task.kind == pb.TASK_KIND_FIT:
+                global_weights = self._model(task)
+                delta = self._fit(global_weights, scalar_map(task.config), header)
+                tensors = self._upload(task, delta, header)
             else:
-                self._evaluate(global_weights, config, header)
+                self._evaluate(self._model(task), scalar_map(task.config), header)
             header.status = pb.RESULT_STATUS_OK
         except Exception as exc:  # the user's code failed: report it, keep serving
             log.error("client app failed on task %d:\n%s", task.task_id, traceback.format_exc())
@@ -226,6 +251,26 @@ class ClientRuntime:
         _fill_metrics(header, metrics)
         # Differences are computed chunk by chunk while sending: no third copy of the model.
         return {name: Difference(new[name], base) for name, base in global_weights.items()}
+
+    def _secure_stage(self, task: pb.Task) -> pb.SecAggResult:
+        if task.kind == pb.TASK_KIND_SECAGG_ADVERTISE:
+            if self.session is None:
+                raise RuntimeError("not joined")
+            return self._secure.advertise(task, self.session.node_id)
+        if task.kind == pb.TASK_KIND_SECAGG_SHARE:
+            return self._secure.share(task)
+        return self._secure.unmask(task)
+
+    def _upload(
+        self, task: pb.Task, delta: dict[str, Difference], header: pb.UploadHeader
+    ) -> Mapping[str, Tensorish]:
+        """The masked ring vector in a secure round, else the (compressed) delta."""
+        if not task.HasField("secagg"):
+            return self._compress(task, delta, header)
+        masked = self._secure.mask(task, delta, int(header.num_examples))
+        header.update_kind = pb.UPDATE_KIND_MASKED
+        header.payload_bytes = masked.nbytes
+        return {MASKED_TENSOR: masked}
 
     def _compress(
         self, task: pb.Task, delta: dict[str, Difference], header: pb.UploadHeader

@@ -30,6 +30,8 @@ _DTYPE_TO_PROTO: dict[str, pb.DType] = {
     "int32": pb.DTYPE_INT32,
     "int64": pb.DTYPE_INT64,
     "uint8": pb.DTYPE_UINT8,
+    "uint16": pb.DTYPE_UINT16,
+    "uint32": pb.DTYPE_UINT32,
     "bool": pb.DTYPE_BOOL,
 }
 _PROTO_TO_DTYPE: dict[int, str] = {int(v): k for k, v in _DTYPE_TO_PROTO.items()}

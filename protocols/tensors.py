@@ -28,6 +28,8 @@ SUPPORTED_DTYPES: tuple[str, ...] = (
     "int64",
     "uint8",
     "bool",
+    "uint16",
+    "uint32",
 )
 
 
@@ -120,6 +122,15 @@ def model_bytes(spec: Iterable[TensorSpec]) -> int:
     return sum(t.nbytes for t in spec)
 
 
+#: Name of the one tensor of a secure-aggregation (masked) upload.
+MASKED_TENSOR = "masked"
+
+
+def masked_length(spec: Iterable[TensorSpec]) -> int:
+    """Elements of a secure-aggregation vector: every parameter, then the client's weight."""
+    return sum(int(np.prod(t.shape, dtype=np.int64)) for t in spec) + 1
+
+
 def check_matches(spec: ModelSpec, weights: WeightsView) -> None:
     """Raise :class:`TensorError` naming the first difference from ``spec``."""
     names = [t.name for t in spec]
@@ -134,6 +145,7 @@ def check_matches(spec: ModelSpec, weights: WeightsView) -> None:
 
 
 __all__ = [
+    "MASKED_TENSOR",
     "SUPPORTED_DTYPES",
     "Difference",
     "EncodedTensor",
@@ -141,6 +153,7 @@ __all__ = [
     "TensorSpec",
     "Tensorish",
     "check_matches",
+    "masked_length",
     "model_bytes",
     "spec_of",
 ]

@@ -28,6 +28,7 @@ from geofl.server.loading import UserCodeError, load_initial_weights, load_serve
 from geofl.server.model_store import ModelStore
 from geofl.server.recorder import DatabaseRecorder
 from geofl.server.registry import Registry
+from geofl.server.secure_round import SecureSettings
 from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
@@ -150,6 +151,23 @@ class Coordinator:
             chain, compression.min_bytes, compression.error_feedback, compression.max_staleness
         )
 
+    def _secure_settings(self) -> SecureSettings | None:
+        """Secure aggregation's settings, bound to this run (None: plain rounds)."""
+        secure = self.config.secure_aggregation
+        if not secure.enabled:
+            return None
+        return SecureSettings(
+            run_id=self.run_id,
+            degree=secure.degree,
+            threshold=secure.threshold,
+            clip=secure.clip,
+            ring_bits=secure.ring_bits,
+            max_examples=secure.max_examples,
+            stage_deadline_s=secure.stage_deadline_s,
+            low_rank=secure.low_rank.rank if secure.low_rank else 0,
+            low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
+        )
+
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         with self.db.session() as session:
             return queries.upsert_node(session, self.run_id, name, region, dict(node_config)).id
@@ -208,6 +226,7 @@ class Coordinator:
             ),
             on_round_end=self._on_round_end,
             upload_plan=self._upload_plan,
+            secure=self._secure_settings(),
         )
         reaper = asyncio.create_task(self._reap())
         status, error = "completed", None

@@ -25,17 +25,29 @@ import enum
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from geofl.protocols.codecs import CodecError
 from geofl.protocols.compression import UploadPlan
+from geofl.protocols.secagg import SecAggAbortError, SecAggError
+from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
+from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
+from geofl.server.secagg import SecAggServer
+from geofl.server.secure_round import (
+    SecureSettings,
+    keys_from_proto,
+    mean_of_sum,
+    roster_to_proto,
+    round_params,
+    setup_to_proto,
+)
 from geofl.server.spool import SpooledUpdate
-from geofl.server.strategies import Strategy, StrategyError, UpdateRejected
+from geofl.server.strategies import Strategy, StrategyError, StreamingMean, UpdateRejected
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +58,14 @@ ServerEvaluate = Callable[[WeightsView], tuple[float, dict[str, Scalar]]]
 
 
 class Phase(enum.Enum):
-    """States of one round."""
+    """States of one round (ADVERTISE, SHARE and UNMASK only under secure aggregation)."""
 
     SELECT = "select"
+    ADVERTISE = "advertise"
+    SHARE = "share"
     BROADCAST = "broadcast"
     FIT = "fit"
+    UNMASK = "unmask"
     AGGREGATE = "aggregate"
     EVALUATE = "evaluate"
     COMMIT = "commit"
@@ -58,9 +73,12 @@ class Phase(enum.Enum):
 
 
 _NEXT: dict[Phase, frozenset[Phase]] = {
-    Phase.SELECT: frozenset({Phase.BROADCAST, Phase.FAILED}),
+    Phase.SELECT: frozenset({Phase.BROADCAST, Phase.ADVERTISE, Phase.FAILED}),
+    Phase.ADVERTISE: frozenset({Phase.SHARE, Phase.FAILED}),
+    Phase.SHARE: frozenset({Phase.BROADCAST, Phase.FAILED}),
     Phase.BROADCAST: frozenset({Phase.FIT, Phase.FAILED}),
-    Phase.FIT: frozenset({Phase.AGGREGATE, Phase.FAILED}),
+    Phase.FIT: frozenset({Phase.AGGREGATE, Phase.UNMASK, Phase.FAILED}),
+    Phase.UNMASK: frozenset({Phase.AGGREGATE, Phase.FAILED}),
     Phase.AGGREGATE: frozenset({Phase.EVALUATE, Phase.FAILED}),
     Phase.EVALUATE: frozenset({Phase.COMMIT, Phase.FAILED}),
     Phase.COMMIT: frozenset(),
@@ -143,6 +161,7 @@ class RoundEngine:
         server_evaluate: ServerEvaluate | None = None,
         on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
         upload_plan: Callable[[str | None], UploadPlan | None] = lambda region: None,
+        secure: SecureSettings | None = None,
     ) -> None:
         self._cfg = settings
         self._registry = registry
@@ -154,6 +173,7 @@ class RoundEngine:
         self._server_evaluate = server_evaluate
         self._on_round_end = on_round_end
         self._upload_plan = upload_plan
+        self._secure = secure
         self._changed = asyncio.Event()
         registry.on_change = self._changed.set
 
@@ -178,23 +198,13 @@ class RoundEngine:
         clock = _PhaseClock(record, self._recorder)
         clock.enter(Phase.SELECT)
         cohort = await self._select(record.number)
-        clock.enter(Phase.BROADCAST)
-        accumulator = self._strategy.begin_round(self.weights)
-        tasks = self._dispatch(
-            cohort,
-            "fit",
-            record.number,
-            record.number - 1,
-            self._strategy.configure_fit(record.number, self._cfg.round_config),
-        )
-        await self._until_downloaded(tasks)
-        self._models.release_encoded(record.number - 1)  # stragglers get it re-encoded
-        clock.enter(Phase.FIT)
-        fit_results = await self._collect(record, tasks, fold=accumulator.add)
+        fit = self._secure_fit if self._secure is not None else self._plain_fit
+        fit_results, accumulator = await fit(record, cohort, clock)
         if len(fit_results) < self._cfg.min_clients:
             clock.enter(Phase.FAILED)
+            tried = sum(1 for task, _ in record.outcomes if task.kind == "fit")
             raise RoundFailedError(
-                f"{len(fit_results)} of {len(tasks)} clients succeeded, "
+                f"{len(fit_results)} of {tried} clients succeeded, "
                 f"min_clients is {self._cfg.min_clients}"
             )
         clock.enter(Phase.AGGREGATE)
@@ -215,6 +225,157 @@ class RoundEngine:
         await self._recorder.commit(record, new_weights, self._strategy.state())
         self.weights = new_weights
         clock.stop()
+
+    async def _plain_fit(
+        self, record: RoundRecord, cohort: list[NodeSession], clock: _PhaseClock
+    ) -> tuple[list[Outcome], StreamingMean]:
+        """Broadcast and fit, folding each update into the running mean as it arrives."""
+        clock.enter(Phase.BROADCAST)
+        accumulator = self._strategy.begin_round(self.weights)
+        tasks = self._dispatch(
+            cohort,
+            "fit",
+            record.number,
+            record.number - 1,
+            self._strategy.configure_fit(record.number, self._cfg.round_config),
+        )
+        await self._until_downloaded(tasks)
+        self._models.release_encoded(record.number - 1)  # stragglers get it re-encoded
+        clock.enter(Phase.FIT)
+
+        async def fold(task: TaskRecord, outcome: Outcome) -> Outcome:
+            return await self._fold(accumulator.add, outcome)
+
+        return await self._collect(record, tasks, on_ok=fold), accumulator
+
+    async def _secure_fit(
+        self, record: RoundRecord, cohort: list[NodeSession], clock: _PhaseClock
+    ) -> tuple[list[Outcome], StreamingMean]:
+        """The SecAgg+ stages around the fit: only the survivors' sum is ever unmasked.
+
+        A stage that leaves fewer clients than the threshold aborts the round (recorded,
+        nothing applied). A client whose stage input is malformed is rejected, like a bad
+        update in a plain round.
+        """
+        assert self._secure is not None
+        settings = self._secure
+        try:
+            params = round_params(settings, record.number, [s.node_id for s in cohort])
+        except SecAggError as exc:  # e.g. a cohort too small to share secrets
+            clock.enter(Phase.FAILED)
+            raise RoundFailedError(f"secure aggregation cannot start: {exc}") from exc
+        server = SecAggServer(params)
+        setup = setup_to_proto(params, settings)
+        by_id = {s.node_id: s for s in cohort}
+        try:
+            clock.enter(Phase.ADVERTISE)
+            await self._stage(
+                record,
+                cohort,
+                "advertise",
+                lambda s: pb.SecAggTask(setup=setup),
+                lambda node, result: server.add_keys(node, keys_from_proto(result.keys)),
+            )
+            rosters = server.close_advertise()
+            clock.enter(Phase.SHARE)
+            await self._stage(
+                record,
+                [by_id[n] for n in rosters],
+                "share",
+                lambda s: pb.SecAggTask(setup=setup, roster=roster_to_proto(rosters[s.node_id])),
+                lambda node, result: server.add_shares(node, dict(result.shares)),
+            )
+            inboxes = server.close_sharing()
+            fit_results = await self._masked_fit(
+                record, [by_id[n] for n in inboxes], clock, server, setup, inboxes
+            )
+            survivors, dropped = server.close_masking()
+            clock.enter(Phase.UNMASK)
+            reveal = pb.SecAggTask(
+                setup=setup, survivors=sorted(survivors), dropped=sorted(dropped)
+            )
+            await self._stage(
+                record,
+                [by_id[n] for n in sorted(survivors)],
+                "unmask",
+                lambda s: reveal,
+                lambda node, result: server.add_reveal(node, dict(result.revealed)),
+            )
+            total = await asyncio.to_thread(server.finish)
+        except SecAggAbortError as abort:
+            clock.enter(Phase.FAILED)
+            raise RoundFailedError(
+                f"secure aggregation aborted in stage {abort.stage}: {abort.reason}"
+            ) from abort
+        mean, weight = mean_of_sum(total, spec_of(self.weights), setup)
+        accumulator = self._strategy.begin_round(self.weights)
+        await asyncio.to_thread(accumulator.add, mean, weight)
+        return fit_results, accumulator
+
+    async def _masked_fit(
+        self,
+        record: RoundRecord,
+        cohort: list[NodeSession],
+        clock: _PhaseClock,
+        server: SecAggServer,
+        setup: pb.SecAggSetup,
+        inboxes: dict[int, dict[int, bytes]],
+    ) -> list[Outcome]:
+        clock.enter(Phase.BROADCAST)
+        config = self._strategy.configure_fit(record.number, self._cfg.round_config)
+        tasks = self._dispatch(
+            cohort,
+            "fit",
+            record.number,
+            record.number - 1,
+            config,
+            secagg=lambda s: pb.SecAggTask(setup=setup, inbox=inboxes[s.node_id]),
+        )
+        await self._until_downloaded(tasks)
+        self._models.release_encoded(record.number - 1)
+        clock.enter(Phase.FIT)
+
+        async def fold(task: TaskRecord, outcome: Outcome) -> Outcome:
+            vector, outcome.update = outcome.update, None
+            try:
+                await asyncio.to_thread(server.add_masked, task.node_id, vector)
+            except SecAggError as rejected:
+                outcome.status, outcome.reason = "rejected", str(rejected)
+            return outcome
+
+        return await self._collect(record, tasks, on_ok=fold)
+
+    async def _stage(
+        self,
+        record: RoundRecord,
+        sessions: Sequence[NodeSession],
+        kind: TaskKindName,
+        make_input: Callable[[NodeSession], pb.SecAggTask],
+        accept: Callable[[int, pb.SecAggResult], None],
+    ) -> None:
+        """Hand every session one stage task; feed each result to ``accept``."""
+
+        async def take(task: TaskRecord, outcome: Outcome) -> Outcome:
+            try:
+                if outcome.secagg is None:
+                    raise SecAggError(f"{kind} result without secure-aggregation content")
+                accept(task.node_id, outcome.secagg)
+            except SecAggError as rejected:
+                outcome.status, outcome.reason = "rejected", str(rejected)
+            outcome.secagg = None
+            return outcome
+
+        assert self._secure is not None
+        tasks = self._dispatch(
+            sessions,
+            kind,
+            record.number,
+            record.number - 1,
+            {},
+            secagg=make_input,
+            deadline_s=self._secure.stage_deadline_s,
+        )
+        await self._collect(record, tasks, on_ok=take)
 
     # ----------------------------------------------------------- phases
 
@@ -263,9 +424,13 @@ class RoundEngine:
         number: int,
         version: int,
         config: dict[str, Scalar],
+        *,
+        secagg: Callable[[NodeSession], pb.SecAggTask] | None = None,
+        deadline_s: float | None = None,
     ) -> list[TaskRecord]:
-        deadline = time.time() + self._cfg.deadline_s
+        deadline = time.time() + (deadline_s or self._cfg.deadline_s)
         config = {**config, "server_round": number}
+        plain_fit = kind == "fit" and secagg is None
         return [
             self._registry.assign(
                 s,
@@ -274,7 +439,8 @@ class RoundEngine:
                 version,
                 dict(config),
                 deadline,
-                upload=self._upload_plan(s.region) if kind == "fit" else None,
+                upload=self._upload_plan(s.region) if plain_fit else None,
+                secagg=secagg(s) if secagg is not None else None,
             )
             for s in cohort
         ]
@@ -293,9 +459,9 @@ class RoundEngine:
         self,
         record: RoundRecord,
         tasks: Sequence[TaskRecord],
-        fold: Callable[[WeightsView, float], None] | None = None,
+        on_ok: Callable[[TaskRecord, Outcome], Awaitable[Outcome]] | None = None,
     ) -> list[Outcome]:
-        """Settle every task (result, failure or deadline) and fold good updates."""
+        """Settle every task (result, failure or deadline); ``on_ok`` takes good results."""
         deadline = max((t.deadline for t in tasks), default=time.time())
         successes: list[Outcome] = []
         pending = {t.future: t for t in tasks}
@@ -311,8 +477,8 @@ class RoundEngine:
             for future in done:
                 task = pending.pop(future)
                 outcome = future.result()
-                if outcome.status == "ok" and fold is not None:
-                    outcome = await self._fold(fold, outcome)
+                if outcome.status == "ok" and on_ok is not None:
+                    outcome = await on_ok(task, outcome)
                 record.outcomes.append((task, outcome))
                 self._recorder.participation(record.number, task, outcome)
                 if outcome.status == "ok":

@@ -16,8 +16,9 @@ from typing import Any, Literal
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
 from geofl.protocols.types import Config, Scalar
+from geofl.protocols.v1 import geofl_pb2 as pb
 
-TaskKindName = Literal["fit", "evaluate"]
+TaskKindName = Literal["fit", "evaluate", "advertise", "share", "unmask"]
 
 
 @dataclass
@@ -29,11 +30,13 @@ class Outcome:
     num_examples: int = 0
     loss: float | None = None
     metrics: dict[str, Scalar] = field(default_factory=dict)
-    update: Any = None  # a SpooledUpdate for fit results
+    update: Any = None  # a SpooledUpdate for fit results; the ring vector of a masked one
     compute_s: float | None = None
     bytes_up: int = 0
     #: What the upload would have cost uncompressed.
     bytes_up_raw: int = 0
+    #: What a secure-aggregation stage task returned.
+    secagg: pb.SecAggResult | None = None
 
 
 @dataclass
@@ -51,6 +54,8 @@ class TaskRecord:
     issued_at: float = field(default_factory=time.time)
     started_at: float | None = None
     upload: UploadPlan | None = None
+    #: Secure-aggregation stage input; on a fit task it makes the upload a masked one.
+    secagg: pb.SecAggTask | None = None
     bytes_down: int = 0
     bytes_down_raw: int = 0
     downloaded: asyncio.Event = field(default_factory=asyncio.Event)
@@ -149,6 +154,7 @@ class Registry:
         config: Config,
         deadline: float,
         upload: UploadPlan | None = None,
+        secagg: pb.SecAggTask | None = None,
     ) -> TaskRecord:
         """Create a task for ``session`` and put it in its mailbox."""
         if self.finished.is_set():
@@ -165,6 +171,7 @@ class Registry:
             deadline,
             loop.create_future(),
             upload=upload,
+            secagg=secagg,
         )
         self._tasks[task.task_id] = task
         session.current = task

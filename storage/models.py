@@ -90,8 +90,11 @@ class RoundPhase(StrEnum):
     """Phases of a synchronous round, in order."""
 
     SELECT = "select"
+    ADVERTISE = "advertise"  # secure aggregation: key advertisement
+    SHARE = "share"  # secure aggregation: secret sharing
     BROADCAST = "broadcast"
     FIT = "fit"
+    UNMASK = "unmask"  # secure aggregation: reconstruction of the masks
     AGGREGATE = "aggregate"
     EVALUATE = "evaluate"
     COMMIT = "commit"
@@ -102,6 +105,9 @@ class TaskKind(StrEnum):
 
     FIT = "fit"
     EVALUATE = "evaluate"
+    ADVERTISE = "advertise"
+    SHARE = "share"
+    UNMASK = "unmask"
 
 
 class ParticipationStatus(StrEnum):

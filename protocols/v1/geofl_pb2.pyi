@@ -20,6 +20,8 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_INT64: _ClassVar[DType]
     DTYPE_UINT8: _ClassVar[DType]
     DTYPE_BOOL: _ClassVar[DType]
+    DTYPE_UINT32: _ClassVar[DType]
+    DTYPE_UINT16: _ClassVar[DType]
 
 class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -40,12 +42,16 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_FIT: _ClassVar[TaskKind]
     TASK_KIND_EVALUATE: _ClassVar[TaskKind]
     TASK_KIND_SHUTDOWN: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_ADVERTISE: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_SHARE: _ClassVar[TaskKind]
+    TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
 
 class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     UPDATE_KIND_UNSPECIFIED: _ClassVar[UpdateKind]
     UPDATE_KIND_DELTA: _ClassVar[UpdateKind]
     UPDATE_KIND_NONE: _ClassVar[UpdateKind]
+    UPDATE_KIND_MASKED: _ClassVar[UpdateKind]
 
 class ResultStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,6 +69,8 @@ DTYPE_INT32: DType
 DTYPE_INT64: DType
 DTYPE_UINT8: DType
 DTYPE_BOOL: DType
+DTYPE_UINT32: DType
+DTYPE_UINT16: DType
 CODEC_UNSPECIFIED: Codec
 CODEC_NONE: Codec
 CODEC_FP16: Codec
@@ -77,9 +85,13 @@ TASK_KIND_WAIT: TaskKind
 TASK_KIND_FIT: TaskKind
 TASK_KIND_EVALUATE: TaskKind
 TASK_KIND_SHUTDOWN: TaskKind
+TASK_KIND_SECAGG_ADVERTISE: TaskKind
+TASK_KIND_SECAGG_SHARE: TaskKind
+TASK_KIND_SECAGG_UNMASK: TaskKind
 UPDATE_KIND_UNSPECIFIED: UpdateKind
 UPDATE_KIND_DELTA: UpdateKind
 UPDATE_KIND_NONE: UpdateKind
+UPDATE_KIND_MASKED: UpdateKind
 RESULT_STATUS_UNSPECIFIED: ResultStatus
 RESULT_STATUS_OK: ResultStatus
 RESULT_STATUS_CLIENT_ERROR: ResultStatus
@@ -204,7 +216,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, poll_timeout_s: _Optional[float] = ..., held_version: _Optional[int] = ..., has_model: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload")
+    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload", "secagg")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +235,7 @@ class Task(_message.Message):
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
     kind: TaskKind
     task_id: int
     run_id: int
@@ -234,7 +247,90 @@ class Task(_message.Message):
     model_bytes: int
     reason: str
     upload: CompressionPlan
-    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ...) -> None: ...
+    secagg: SecAggTask
+    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ..., secagg: _Optional[_Union[SecAggTask, _Mapping]] = ...) -> None: ...
+
+class SecAggSetup(_message.Message):
+    __slots__ = ("cohort", "threshold", "degree", "graph_seed", "clip", "ring_bits", "max_examples", "low_rank", "low_rank_min_elements")
+    COHORT_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    DEGREE_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_SEED_FIELD_NUMBER: _ClassVar[int]
+    CLIP_FIELD_NUMBER: _ClassVar[int]
+    RING_BITS_FIELD_NUMBER: _ClassVar[int]
+    MAX_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LOW_RANK_FIELD_NUMBER: _ClassVar[int]
+    LOW_RANK_MIN_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    cohort: _containers.RepeatedScalarFieldContainer[int]
+    threshold: int
+    degree: int
+    graph_seed: bytes
+    clip: float
+    ring_bits: int
+    max_examples: int
+    low_rank: int
+    low_rank_min_elements: int
+    def __init__(self, cohort: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., degree: _Optional[int] = ..., graph_seed: _Optional[bytes] = ..., clip: _Optional[float] = ..., ring_bits: _Optional[int] = ..., max_examples: _Optional[int] = ..., low_rank: _Optional[int] = ..., low_rank_min_elements: _Optional[int] = ...) -> None: ...
+
+class PublicKeys(_message.Message):
+    __slots__ = ("encrypt", "mask")
+    ENCRYPT_FIELD_NUMBER: _ClassVar[int]
+    MASK_FIELD_NUMBER: _ClassVar[int]
+    encrypt: bytes
+    mask: bytes
+    def __init__(self, encrypt: _Optional[bytes] = ..., mask: _Optional[bytes] = ...) -> None: ...
+
+class SecAggTask(_message.Message):
+    __slots__ = ("setup", "roster", "inbox", "survivors", "dropped")
+    class RosterEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: PublicKeys
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[PublicKeys, _Mapping]] = ...) -> None: ...
+    class InboxEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    SETUP_FIELD_NUMBER: _ClassVar[int]
+    ROSTER_FIELD_NUMBER: _ClassVar[int]
+    INBOX_FIELD_NUMBER: _ClassVar[int]
+    SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    setup: SecAggSetup
+    roster: _containers.MessageMap[int, PublicKeys]
+    inbox: _containers.ScalarMap[int, bytes]
+    survivors: _containers.RepeatedScalarFieldContainer[int]
+    dropped: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, setup: _Optional[_Union[SecAggSetup, _Mapping]] = ..., roster: _Optional[_Mapping[int, PublicKeys]] = ..., inbox: _Optional[_Mapping[int, bytes]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class SecAggResult(_message.Message):
+    __slots__ = ("keys", "shares", "revealed")
+    class SharesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    class RevealedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: bytes
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[bytes] = ...) -> None: ...
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    REVEALED_FIELD_NUMBER: _ClassVar[int]
+    keys: PublicKeys
+    shares: _containers.ScalarMap[int, bytes]
+    revealed: _containers.ScalarMap[int, bytes]
+    def __init__(self, keys: _Optional[_Union[PublicKeys, _Mapping]] = ..., shares: _Optional[_Mapping[int, bytes]] = ..., revealed: _Optional[_Mapping[int, bytes]] = ...) -> None: ...
 
 class DownloadRequest(_message.Message):
     __slots__ = ("task_id", "model_version", "base_version", "has_base")
@@ -275,7 +371,7 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ..., add_to_base: _Optional[bool] = ...) -> None: ...
 
 class UploadHeader(_message.Message):
-    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes")
+    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes", "secagg")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +391,7 @@ class UploadHeader(_message.Message):
     NUM_TENSORS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SECAGG_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     round: int
     attempt: int
@@ -307,7 +404,8 @@ class UploadHeader(_message.Message):
     num_tensors: int
     compute_s: float
     payload_bytes: int
-    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ...) -> None: ...
+    secagg: SecAggResult
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., secagg: _Optional[_Union[SecAggResult, _Mapping]] = ...) -> None: ...
 
 class UploadMessage(_message.Message):
     __slots__ = ("header", "chunk")

@@ -26,6 +26,7 @@ from geofl.server.config.overrides import (
     format_override,
     parse_override,
 )
+from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.strategy import (
     STRATEGY_CONFIGS,
     FedAdagradConfig,
@@ -55,6 +56,7 @@ __all__ = [
     "RunConfig",
     "RunSection",
     "ScheduleConfig",
+    "SecureAggregationConfig",
     "ServerConfig",
     "SimulationConfig",
     "StorageConfig",

@@ -27,6 +27,7 @@ from geofl.server.config.fields import (
     redact_url,
     split_address,
 )
+from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.strategy import StrategyConfig
 
 __all__ = [
@@ -56,6 +57,7 @@ _OPTIONAL_SECTIONS = frozenset(
         "server",
         "simulation",
         "compression",
+        "secure_aggregation",
     }
 )
 
@@ -230,6 +232,29 @@ class RunConfig(Section):
     server: ServerConfig = _section("Coordinator endpoint, TLS and wire limits.")
     simulation: SimulationConfig = _section("Simulated clients for geofl simulate.")
     compression: CompressionConfig = _section("Compression of updates and broadcasts.")
+    secure_aggregation: SecureAggregationConfig = _section(
+        "Secure aggregation (SecAgg+): the server sees only the cohort's sum."
+    )
+
+    @model_validator(mode="after")
+    def _secure_aggregation_composes(self) -> RunConfig:
+        """Per-client codecs would be applied before masking and cannot be summed masked."""
+        if not self.secure_aggregation.enabled:
+            return self
+        if self.strategy.min_clients < 2:
+            raise ValueError(
+                "secure_aggregation needs strategy.min_clients >= 2: a sum of one update "
+                "reveals that update"
+            )
+        chains = [self.compression.up] + [r.up for r in self.compression.regions.values() if r.up]
+        if any(chains):
+            raise ValueError(
+                "compression.up cannot be combined with secure_aggregation: masked updates are "
+                "summed in a ring, so a codec must be the same linear map for every client; "
+                "set secure_aggregation.ring_bits (e.g. 16) to quantize under masking instead "
+                "(see docs/secure-aggregation.md)"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

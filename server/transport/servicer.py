@@ -24,7 +24,13 @@ from geofl.protocols.errors import (
     TensorError,
     TruncatedStreamError,
 )
-from geofl.protocols.tensors import ModelSpec, model_bytes
+from geofl.protocols.shared_lowrank import vector_length
+from geofl.protocols.tensors import (
+    MASKED_TENSOR,
+    ModelSpec,
+    TensorSpec,
+    model_bytes,
+)
 from geofl.protocols.types import Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
@@ -42,7 +48,13 @@ SERVICE_NAME = "geofl.v1.Coordinator"
 _PAYLOAD_SLACK = 64 << 10
 _MAX_POLL_S = 60.0
 
-_KIND = {"fit": pb.TASK_KIND_FIT, "evaluate": pb.TASK_KIND_EVALUATE}
+_KIND = {
+    "fit": pb.TASK_KIND_FIT,
+    "evaluate": pb.TASK_KIND_EVALUATE,
+    "advertise": pb.TASK_KIND_SECAGG_ADVERTISE,
+    "share": pb.TASK_KIND_SECAGG_SHARE,
+    "unmask": pb.TASK_KIND_SECAGG_UNMASK,
+}
 
 
 @dataclass
@@ -206,6 +218,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         serde.fill_scalar_map(message.config, task.config)
         if task.upload is not None and task.upload.chain:
             message.upload.CopyFrom(serde.plan_to_proto(task.upload))
+        if task.secagg is not None:
+            message.secagg.CopyFrom(task.secagg)
         return message
 
     async def Download(  # noqa: N802
@@ -280,6 +294,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if header.status != pb.RESULT_STATUS_OK:
             raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
         loss = header.loss
+        if task.kind in ("advertise", "share", "unmask"):
+            if header.update_kind != pb.UPDATE_KIND_NONE or not header.HasField("secagg"):
+                raise ProtocolError(f"a {task.kind} result carries a SecAggResult and no tensors")
+            return Outcome("ok", secagg=header.secagg, compute_s=header.compute_s or None)
         if task.kind == "evaluate":
             if header.update_kind != pb.UPDATE_KIND_NONE:
                 raise ProtocolError("an evaluation result carries no tensors")
@@ -290,10 +308,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 metrics=metrics,
                 compute_s=header.compute_s or None,
             )
-        if header.update_kind != pb.UPDATE_KIND_DELTA:
-            raise ProtocolError("a fit result must carry a DELTA update")
         if header.num_examples <= 0:
             raise ProtocolError("a fit result must report num_examples > 0")
+        if task.secagg is not None:
+            return await self._receive_masked(task.secagg, header, messages)
+        if header.update_kind != pb.UPDATE_KIND_DELTA:
+            raise ProtocolError("a fit result must carry a DELTA update")
         size = model_bytes(self._s.spec)
         announced = int(header.payload_bytes) or size
         if announced > 2 * size + _PAYLOAD_SLACK:
@@ -323,6 +343,36 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             compute_s=header.compute_s or None,
             bytes_up=received,
             bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
+        )
+
+    async def _receive_masked(
+        self, secagg: pb.SecAggTask, header: pb.UploadHeader, messages: AsyncIterator[bytes]
+    ) -> Outcome:
+        """One ring vector: the flattened weighted update and the weight, masked."""
+        if header.update_kind != pb.UPDATE_KIND_MASKED:
+            raise ProtocolError("a fit result of a secure round must carry a MASKED update")
+        length = vector_length(self._s.spec, secagg.setup)
+        dtype = "uint16" if secagg.setup.ring_bits <= 16 else "uint32"
+        expected = (TensorSpec(MASKED_TENSOR, dtype, (length,)),)
+        sink = streams.ArraySink()
+        assembler = streams.Assembler(sink, expected, max_total_bytes=expected[0].nbytes)
+        received = 0
+        async for raw in messages:
+            message = serde.decode_upload(raw)
+            if message.WhichOneof("body") != "chunk":
+                raise ProtocolError("only tensor chunks may follow the UploadHeader")
+            assembler.feed(message.chunk)
+            received += len(raw)
+        assembler.finish()
+        return Outcome(
+            "ok",
+            num_examples=int(header.num_examples),
+            loss=header.loss,
+            metrics=serde.scalar_map(header.metrics),
+            update=sink.weights[MASKED_TENSOR],
+            compute_s=header.compute_s or None,
+            bytes_up=received,
+            bytes_up_raw=received,
         )
 
 

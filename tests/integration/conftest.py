@@ -65,6 +65,7 @@ class ServerHandle:
         partition: int,
         app: str = "geofl_testapp:client_app",
         region: str | None = None,
+        runtime_class: type[ClientRuntime] = ClientRuntime,
         **node_config: Any,
     ) -> ClientRuntime:
         options = ClientOptions(
@@ -74,7 +75,7 @@ class ServerHandle:
             reconnect_for_s=10,
             region=region,
         )
-        runtime = ClientRuntime(options, load_client_app(app))
+        runtime = runtime_class(options, load_client_app(app))
 
         def serve() -> None:
             try:

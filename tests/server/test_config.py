@@ -167,9 +167,39 @@ def test_typo_names_line_and_allowed_keys(tmp_path: Path) -> None:
 
 
 def test_unknown_section_is_an_error(tmp_path: Path) -> None:
-    path = write(tmp_path, MINIMAL + "secure_aggregation: {enabled: true}\n")
+    path = write(tmp_path, MINIMAL + "privacy: {enabled: true}\n")
     (line,) = problems_of(path)
-    assert line.startswith(f"{path}:3: secure_aggregation: unknown key; allowed keys: compression,")
+    assert line.startswith(f"{path}:3: privacy: unknown key; allowed keys: compression,")
+
+
+def test_secure_aggregation_refuses_per_client_codecs(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL
+        + "secure_aggregation: {enabled: true}\ncompression: {up: [{topk: {ratio: 0.1}}]}\n",
+    )
+    (line,) = problems_of(path)
+    assert "compression.up cannot be combined with secure_aggregation" in line
+    assert "ring_bits" in line
+
+
+def test_secure_aggregation_needs_two_clients(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        MINIMAL + "secure_aggregation: {enabled: true}\nstrategy: {clients_per_round: 1, "
+        "min_clients: 1}\n",
+    )
+    (line,) = problems_of(path)
+    assert "min_clients >= 2" in line
+
+
+def test_secure_aggregation_ring_and_threshold_bounds(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, MINIMAL + "secure_aggregation: {enabled: true, ring_bits: 40, threshold: 0.4}\n"
+    )
+    problems = problems_of(path)
+    assert any("secure_aggregation.ring_bits" in p and "32" in p for p in problems), problems
+    assert any("secure_aggregation.threshold" in p and "0.5" in p for p in problems), problems
 
 
 def test_wrong_type_is_not_coerced(tmp_path: Path) -> None:

@@ -1,0 +1,128 @@
+"""This client's side of secure aggregation: the stage tasks of each secure round.
+
+A secure round sends a client up to four tasks (advertise, share, a masked fit, unmask);
+the SecAgg+ state between them (key pairs, the shares received) lives in one
+:class:`~geofl.client.secagg.SecAggClient` per round, kept in memory only: a client that
+restarts mid-round has lost its secrets and counts as dropped for that round, which the
+protocol tolerates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+from geofl.client.secagg import SecAggClient
+from geofl.protocols.secagg import PublicKeys, SecAggError, SecAggParams
+from geofl.protocols.shared_lowrank import SharedLowRank, projection_of
+from geofl.protocols.tensors import Difference, TensorSpec
+from geofl.protocols.v1 import geofl_pb2 as pb
+
+__all__ = ["SecureRounds"]
+
+
+def params_of(task: pb.Task) -> SecAggParams:
+    """The round's parameters as the server sent them (validated by SecAggParams)."""
+    setup = task.secagg.setup
+    return SecAggParams(
+        run_id=task.run_id,
+        round=task.round,
+        cohort=tuple(int(n) for n in setup.cohort),
+        threshold=setup.threshold,
+        degree=setup.degree,
+        graph_seed=bytes(setup.graph_seed),
+        clip=setup.clip,
+        ring_bits=setup.ring_bits,
+    )
+
+
+def weighted_vector(update: npt.NDArray[np.float64], weight: float) -> npt.NDArray[np.float64]:
+    """``[w * update, w]``: summed over the cohort, the weighted sum and the total weight."""
+    vector = np.empty(update.size + 1, dtype=np.float64)
+    np.multiply(update, weight, out=vector[:-1])
+    vector[-1] = weight
+    return vector
+
+
+def flatten(delta: Mapping[str, Difference]) -> npt.NDArray[np.float64]:
+    """The delta's tensors in model order as one float64 vector."""
+    size = sum(int(np.prod(d.shape, dtype=np.int64)) for d in delta.values())
+    out = np.empty(size, dtype=np.float64)
+    offset = 0
+    for difference in delta.values():
+        values = difference.materialize().reshape(-1)
+        out[offset : offset + values.size] = values
+        offset += values.size
+    return out
+
+
+class SecureRounds:
+    """The open secure round of this client (at most one at a time)."""
+
+    def __init__(self) -> None:
+        self._round: tuple[int, int] | None = None
+        self._client: SecAggClient | None = None
+        #: What shared low-rank projections dropped so far, by tensor (error feedback).
+        self._residual: dict[str, npt.NDArray[np.float64]] = {}
+
+    def advertise(self, task: pb.Task, node_id: int) -> pb.SecAggResult:
+        """Start the round: fresh key pairs; their public halves go to the server."""
+        self._client = SecAggClient(node_id, params_of(task))
+        self._round = (task.run_id, task.round)
+        keys = self._client.advertise()
+        return pb.SecAggResult(keys=pb.PublicKeys(encrypt=keys.encrypt, mask=keys.mask))
+
+    def share(self, task: pb.Task) -> pb.SecAggResult:
+        """Encrypted shares of this client's secrets for each neighbour in the roster."""
+        roster = {
+            int(node): PublicKeys(encrypt=bytes(k.encrypt), mask=bytes(k.mask))
+            for node, k in task.secagg.roster.items()
+        }
+        return pb.SecAggResult(shares=self._current(task).share_keys(roster))
+
+    def mask(
+        self, task: pb.Task, delta: Mapping[str, Difference], num_examples: int
+    ) -> npt.NDArray[np.unsignedinteger]:
+        """Take the shares addressed to this client, then mask the weighted update."""
+        client = self._current(task)
+        client.receive_shares({int(n): bytes(c) for n, c in task.secagg.inbox.items()})
+        setup = task.secagg.setup
+        weight = min(num_examples, setup.max_examples) / setup.max_examples
+        projection = projection_of(setup)
+        update = flatten(delta) if projection is None else self._project(projection, delta)
+        return client.mask(weighted_vector(update, weight))
+
+    def _project(
+        self, projection: SharedLowRank, delta: Mapping[str, Difference]
+    ) -> npt.NDArray[np.float64]:
+        """Project delta + residual; keep what the projection dropped for the next round."""
+        spec = tuple(TensorSpec(n, str(d.dtype), tuple(d.shape)) for n, d in delta.items())
+        corrected = {}
+        for name, difference in delta.items():
+            values = difference.materialize().astype(np.float64)
+            residual = self._residual.get(name)
+            if residual is not None and residual.shape == values.shape:
+                values += residual
+            corrected[name] = values
+        vector = projection.project(corrected, spec)
+        sent = projection.lift(vector, spec)
+        self._residual = {name: corrected[name] - sent[name] for name in corrected}
+        return vector
+
+    def unmask(self, task: pb.Task) -> pb.SecAggResult:
+        """Reveal what the server needs to remove the survivors' and the dropped' masks."""
+        revealed = self._current(task).reveal(
+            [int(n) for n in task.secagg.survivors], [int(n) for n in task.secagg.dropped]
+        )
+        self._client = self._round = None  # the round's secrets are spent
+        return pb.SecAggResult(revealed=revealed)
+
+    def _current(self, task: pb.Task) -> SecAggClient:
+        if self._client is None or self._round != (task.run_id, task.round):
+            raise SecAggError(
+                f"no secure-aggregation state for round {task.round} "
+                "(this client joined or restarted after the round's key exchange)"
+            )
+        return self._client
