@@ -1,29 +1,80 @@
-"""Split a data set among simulated clients: IID, or label-skewed with a Dirichlet prior.
+"""Split a data set among simulated clients: IID, label-skewed, by shards or by region.
 
-Federated benchmarks need heterogeneous clients; the usual model (Hsu et al., 2019) draws,
+Federated benchmarks need heterogeneous clients. The usual model (Hsu et al., 2019) draws,
 for each class, the share each client gets from ``Dirichlet(alpha)``: small ``alpha`` gives
-each client few classes, large ``alpha`` approaches IID. Everything here is pure NumPy with
-an explicit seed, so every process of a simulation computes the same split independently.
+each client few classes, large ``alpha`` approaches IID. McMahan et al. (2017) sort the
+samples by label and deal each client a few contiguous shards, so most clients see only
+one or two classes. The region split applies the Dirichlet model to regions instead of
+clients, then splits each region's pool IID, so clients of one region resemble each other.
+
+Everything here is pure NumPy with an explicit seed, so every process of a simulation
+computes the same split independently, and it lives in the client package because client
+apps split their own data. A split that would leave a client with no data raises
+:class:`PartitionError` naming the client, the settings and a fix.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["dirichlet_partition", "iid_partition", "label_histogram"]
+__all__ = [
+    "PartitionError",
+    "dirichlet_partition",
+    "iid_partition",
+    "label_histogram",
+    "region_partition",
+    "require_data",
+    "shard_partition",
+]
 
 IndexArray = npt.NDArray[np.int64]
+
+
+class PartitionError(ValueError):
+    """A split that cannot give every client data; the message names the fix."""
 
 
 def _check_counts(n_samples: int, num_partitions: int) -> None:
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
     if n_samples < num_partitions:
-        raise ValueError(
-            f"cannot split {n_samples} samples into {num_partitions} non-empty partitions"
+        raise PartitionError(
+            f"cannot split {n_samples} samples into {num_partitions} non-empty partitions: "
+            "more clients than samples; use fewer clients or more data"
+        )
+
+
+def _check_alpha(alpha: float) -> None:
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"alpha must be a positive finite number, got {alpha}")
+
+
+def require_data(parts: Sequence[IndexArray], settings: str, fix: str) -> None:
+    """Raise unless every partition holds at least one sample.
+
+    Parameters
+    ----------
+    parts
+        One index array per client.
+    settings
+        The split's settings as the user wrote them, e.g. ``"dirichlet(alpha=0.01)"``.
+    fix
+        What the user could change, e.g. ``"raise alpha or use fewer clients"``.
+
+    Raises
+    ------
+    PartitionError
+        Naming the first client without data and how many others share its fate.
+    """
+    empty = [client for client, part in enumerate(parts) if part.size == 0]
+    if empty:
+        others = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise PartitionError(
+            f"client {empty[0]}{others} of {len(parts)} gets no samples with {settings}; {fix}"
         )
 
 
@@ -103,8 +154,7 @@ def dirichlet_partition(
     """
     array = _as_labels(labels)
     _check_counts(array.size, num_partitions)
-    if not (math.isfinite(alpha) and alpha > 0):
-        raise ValueError(f"alpha must be a positive finite number, got {alpha}")
+    _check_alpha(alpha)
     if min_size < 0 or min_size * num_partitions > array.size:
         raise ValueError(
             f"min_size={min_size} is impossible for {array.size} samples in "
@@ -113,16 +163,155 @@ def dirichlet_partition(
     if max_tries < 1:
         raise ValueError(f"max_tries must be >= 1, got {max_tries}")
     rng = np.random.default_rng(seed)
-    smallest = 0
+    sizes = np.zeros(num_partitions, dtype=np.int64)
     for _ in range(max_tries):
         parts = _dirichlet_once(array, num_partitions, alpha, rng)
-        smallest = min(part.size for part in parts)
-        if smallest >= min_size:
+        sizes = np.array([part.size for part in parts], dtype=np.int64)
+        if sizes.min() >= min_size:
             return parts
-    raise ValueError(
+    raise PartitionError(
         f"no Dirichlet(alpha={alpha}) split of {array.size} samples into {num_partitions} "
         f"partitions gave every partition >= {min_size} samples in {max_tries} tries "
-        f"(last smallest: {smallest}); raise alpha, lower min_size or use fewer partitions"
+        f"(last draw: client {int(sizes.argmin())} got {int(sizes.min())}); raise alpha, "
+        "lower min_size or use fewer partitions"
+    )
+
+
+def shard_partition(
+    labels: npt.ArrayLike, num_partitions: int, shards_per_client: int, seed: int
+) -> list[IndexArray]:
+    """McMahan et al.'s pathological non-IID split: sort by label, deal shards.
+
+    The samples, shuffled and then stably sorted by label, are cut into
+    ``num_partitions * shards_per_client`` near-equal shards; a seeded permutation deals
+    ``shards_per_client`` of them to each client. With 2 shards each, most clients hold
+    one or two classes.
+
+    Returns
+    -------
+    list of ndarray
+        Sorted int64 index arrays, disjoint, covering every sample exactly once, none empty.
+
+    Raises
+    ------
+    PartitionError
+        If there are fewer samples than shards (some shard, so some client, would be empty).
+    ValueError
+        On malformed labels or counts below 1.
+    """
+    array = _as_labels(labels)
+    _check_counts(array.size, num_partitions)
+    if shards_per_client < 1:
+        raise ValueError(f"shards_per_client must be >= 1, got {shards_per_client}")
+    num_shards = num_partitions * shards_per_client
+    if num_shards > array.size:
+        raise PartitionError(
+            f"shards(per_client={shards_per_client}) for {num_partitions} clients needs "
+            f"{num_shards} shards but there are only {array.size} samples, so some client "
+            "would get no data; lower per_client or use fewer clients"
+        )
+    rng = np.random.default_rng(seed)
+    shuffled = rng.permutation(array.size).astype(np.int64)
+    # The shuffle makes the order within one label random; the stable sort keeps it.
+    by_label = shuffled[np.argsort(array[shuffled], kind="stable")]
+    shards = np.array_split(by_label, num_shards)
+    deal = rng.permutation(num_shards).reshape(num_partitions, shards_per_client)
+    return [np.sort(np.concatenate([shards[s] for s in hand])) for hand in deal]
+
+
+def _region_pools(
+    labels: npt.NDArray[np.int64],
+    weights: npt.NDArray[np.float64],
+    alpha: float,
+    rng: np.random.Generator,
+) -> list[IndexArray]:
+    """Divide each label's samples among regions by a Dirichlet draw scaled by ``weights``.
+
+    Scaling by the regions' client shares keeps each region's pool, in expectation, in
+    proportion to its clients, so a large region is not starved by the draw alone.
+    """
+    chunks: list[list[IndexArray]] = [[] for _ in weights]
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls)).astype(np.int64)
+        mix = weights * rng.dirichlet(np.full(weights.size, alpha))
+        cuts = (np.cumsum(mix / mix.sum())[:-1] * members.size).astype(np.int64)
+        for region, piece in enumerate(np.split(members, cuts)):
+            chunks[region].append(piece)
+    return [np.concatenate(c) if c else np.zeros(0, np.int64) for c in chunks]
+
+
+def _region_once(
+    labels: npt.NDArray[np.int64],
+    members: Sequence[Sequence[int]],
+    alpha: float,
+    rng: np.random.Generator,
+) -> list[IndexArray]:
+    num_clients = sum(len(m) for m in members)
+    weights = np.array([len(m) for m in members], dtype=np.float64) / num_clients
+    parts: list[IndexArray] = [np.zeros(0, np.int64)] * num_clients
+    for clients, pool in zip(members, _region_pools(labels, weights, alpha, rng), strict=True):
+        pieces = np.array_split(rng.permutation(pool), len(clients))
+        for client, piece in zip(clients, pieces, strict=True):
+            parts[client] = np.sort(piece).astype(np.int64)
+    return parts
+
+
+def region_partition(
+    labels: npt.ArrayLike,
+    client_regions: Sequence[str],
+    alpha: float,
+    seed: int,
+    max_tries: int = 100,
+) -> list[IndexArray]:
+    """Skew the label mix per region, then split each region's pool IID among its clients.
+
+    For each label, its samples are divided among the regions by a ``Dirichlet(alpha)``
+    draw, weighted by each region's share of the clients; each region's pool is then
+    shuffled and cut into near-equal parts, one per client of the region.
+
+    Parameters
+    ----------
+    labels
+        One class index per sample.
+    client_regions
+        The region of each client (its length is the number of clients), e.g. from the
+        simulator's link model.
+    alpha
+        Concentration; smaller means each region sees fewer labels.
+    seed
+        Seed of the generator; the same arguments always give the same split.
+    max_tries
+        Draws to attempt before giving up on giving every client data.
+
+    Returns
+    -------
+    list of ndarray
+        Sorted int64 index arrays, one per client, disjoint, covering every sample once.
+
+    Raises
+    ------
+    PartitionError
+        If no draw within ``max_tries`` gives every client at least one sample, naming the
+        client and its region.
+    """
+    array = _as_labels(labels)
+    _check_counts(array.size, len(client_regions))
+    _check_alpha(alpha)
+    if max_tries < 1:
+        raise ValueError(f"max_tries must be >= 1, got {max_tries}")
+    names = list(dict.fromkeys(client_regions))
+    members = [[c for c, r in enumerate(client_regions) if r == name] for name in names]
+    rng = np.random.default_rng(seed)
+    parts: list[IndexArray] = []
+    for _ in range(max_tries):
+        parts = _region_once(array, members, alpha, rng)
+        if min(part.size for part in parts) > 0:
+            return parts
+    empty = next(c for c, part in enumerate(parts) if part.size == 0)
+    raise PartitionError(
+        f"client {empty} (region {client_regions[empty]!r}) of {len(client_regions)} gets no "
+        f"samples with by_region(alpha={alpha}) over {array.size} samples in {max_tries} "
+        "draws; raise alpha or use fewer clients"
     )
 
 

@@ -22,7 +22,7 @@ from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
-from geofl.server.config import RunConfig
+from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.model_store import ModelStore
@@ -79,6 +79,80 @@ def engine_settings(config: RunConfig) -> EngineSettings:
         evaluate_config=dict(ev.config),
         seed=config.run.seed,
     )
+
+
+def secure_settings(secure: SecureAggregationConfig, run_id: int) -> SecureSettings | None:
+    """Secure aggregation's settings, bound to ``run_id`` (None: plain rounds)."""
+    if not secure.enabled:
+        return None
+    return SecureSettings(
+        run_id=run_id,
+        degree=secure.degree,
+        threshold=secure.threshold,
+        clip=secure.clip,
+        ring_bits=secure.ring_bits,
+        max_examples=secure.max_examples,
+        stage_deadline_s=secure.stage_deadline_s,
+        low_rank=secure.low_rank.rank if secure.low_rank else 0,
+        low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
+    )
+
+
+async def start_grpc_server(
+    state: ServerState, config: ServerConfig
+) -> tuple[grpc.aio.Server, int]:
+    """Serve the Coordinator service for ``state`` on ``config.address``; returns the port.
+
+    Shared by the coordinator and regional relays (which serve their region's clients).
+
+    Raises
+    ------
+    AddressInUseError
+        If the address cannot be bound.
+    """
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 8 << 20),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ]
+    )
+    add_to_server(CoordinatorServicer(state), server)
+    try:
+        if config.tls is None:
+            port = server.add_insecure_port(config.address)
+        else:
+            creds = grpc.ssl_server_credentials(
+                [(Path(config.tls.key).read_bytes(), Path(config.tls.cert).read_bytes())]
+            )
+            port = server.add_secure_port(config.address, creds)
+    except RuntimeError as exc:
+        raise AddressInUseError(f"cannot listen on {config.address}: {exc}") from exc
+    if port == 0:
+        raise AddressInUseError(f"cannot listen on {config.address}: address already in use")
+    await server.start()
+    return server, port
+
+
+async def reap_offline(registry: Registry) -> None:
+    """Mark nodes that stopped sending heartbeats offline, until cancelled."""
+    while True:
+        await asyncio.sleep(registry.heartbeat_interval_s)
+        for node in registry.expire():
+            log.info("node %d (%s) went offline", node.node_id, node.name)
+
+
+async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_S) -> None:
+    """Tell every online client the run is over; return once each has heard, or after grace."""
+    registry.finished.set()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace_s
+    while loop.time() < deadline:
+        registry.expire()
+        waiting = {s.node_id for s in registry.online()}
+        if waiting <= registry.shutdown_delivered:
+            break
+        await asyncio.sleep(0.05)
 
 
 class Coordinator:
@@ -151,23 +225,6 @@ class Coordinator:
             chain, compression.min_bytes, compression.error_feedback, compression.max_staleness
         )
 
-    def _secure_settings(self) -> SecureSettings | None:
-        """Secure aggregation's settings, bound to this run (None: plain rounds)."""
-        secure = self.config.secure_aggregation
-        if not secure.enabled:
-            return None
-        return SecureSettings(
-            run_id=self.run_id,
-            degree=secure.degree,
-            threshold=secure.threshold,
-            clip=secure.clip,
-            ring_bits=secure.ring_bits,
-            max_examples=secure.max_examples,
-            stage_deadline_s=secure.stage_deadline_s,
-            low_rank=secure.low_rank.rank if secure.low_rank else 0,
-            low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
-        )
-
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         with self.db.session() as session:
             return queries.upsert_node(session, self.run_id, name, region, dict(node_config)).id
@@ -175,32 +232,9 @@ class Coordinator:
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
-        server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", 8 << 20),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ]
-        )
-        add_to_server(CoordinatorServicer(self._state), server)
-        address = self.config.server.address
-        tls = self.config.server.tls
-        try:
-            if tls is None:
-                port = server.add_insecure_port(address)
-            else:
-                creds = grpc.ssl_server_credentials(
-                    [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())]
-                )
-                port = server.add_secure_port(address, creds)
-        except RuntimeError as exc:
-            raise AddressInUseError(f"cannot listen on {address}: {exc}") from exc
-        if port == 0:
-            raise AddressInUseError(f"cannot listen on {address}: address already in use")
-        await server.start()
-        self._server, self.port = server, port
-        log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, port)
-        return port
+        self._server, self.port = await start_grpc_server(self._state, self.config.server)
+        log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
+        return self.port
 
     # ------------------------------------------------------------ the run
 
@@ -226,9 +260,9 @@ class Coordinator:
             ),
             on_round_end=self._on_round_end,
             upload_plan=self._upload_plan,
-            secure=self._secure_settings(),
+            secure=secure_settings(self.config.secure_aggregation, self.run_id),
         )
-        reaper = asyncio.create_task(self._reap())
+        reaper = asyncio.create_task(reap_offline(self.registry))
         status, error = "completed", None
         try:
             await engine.run()
@@ -241,23 +275,9 @@ class Coordinator:
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
 
-    async def _reap(self) -> None:
-        while True:
-            await asyncio.sleep(self.registry.heartbeat_interval_s)
-            for node in self.registry.expire():
-                log.info("node %d (%s) went offline", node.node_id, node.name)
-
     async def _shutdown_clients(self) -> None:
         """Tell every online client the run is over, then stop serving."""
-        self.registry.finished.set()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SHUTDOWN_GRACE_S
-        while loop.time() < deadline:
-            self.registry.expire()
-            waiting = {s.node_id for s in self.registry.online()}
-            if waiting <= self.registry.shutdown_delivered:
-                break
-            await asyncio.sleep(0.05)
+        await shutdown_clients(self.registry)
         await self.stop()
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -269,4 +289,14 @@ class Coordinator:
         self.db.close()
 
 
-__all__ = ["AddressInUseError", "Coordinator", "RunResult", "build_strategy", "engine_settings"]
+__all__ = [
+    "AddressInUseError",
+    "Coordinator",
+    "RunResult",
+    "build_strategy",
+    "engine_settings",
+    "reap_offline",
+    "secure_settings",
+    "shutdown_clients",
+    "start_grpc_server",
+]

@@ -194,6 +194,18 @@ class RoundEngine:
                 self._on_round_end(record, "committed")
             self._models.drop(number - 1)
 
+    async def evaluate_only(self, number: int) -> RoundRecord:
+        """Federated evaluation of the engine's weights as model version ``number``, no fit.
+
+        How a relay forwards its coordinator's evaluation task to its region. Waits for
+        clients like a round's selection (:class:`NoClientsError` if they never come).
+        """
+        record = RoundRecord(number)
+        await self._select(number)
+        await self._models.publish(number, self.weights)
+        await self._evaluate(record, self.weights)
+        return record
+
     async def _round(self, record: RoundRecord) -> None:
         clock = _PhaseClock(record, self._recorder)
         clock.enter(Phase.SELECT)

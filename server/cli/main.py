@@ -70,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(client)
 
+    relay = sub.add_parser(
+        "relay",
+        help="run a regional relay: a client of the coordinator, a server to its region",
+        description="Serve one region's clients (`geofl client --server` this relay) and take "
+        "part in the coordinator's run as one node: each of its tasks becomes --local-rounds "
+        "regional FedAvg rounds, and one update per region goes to the coordinator.",
+    )
+    from geofl.server.cli.relay import add_arguments as add_relay_arguments
+
+    add_relay_arguments(relay)
+
     simulate = sub.add_parser(
         "simulate",
         help="run a YAML run with local client processes over loopback gRPC",
@@ -127,6 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geofl.client.cli import exit_process, run
 
         exit_process(run(args))
+    if args.command == "relay":
+        from geofl.client.cli import exit_process
+        from geofl.server.cli.relay import run_relay
+
+        exit_process(run_relay(args))
     if args.command in ("server", "simulate"):
         from geofl.client.cli import exit_process
         from geofl.server.cli.serve import run_serve

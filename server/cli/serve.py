@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from geofl.server.config import ConfigError, ConfigProblem, RunConfig, load_conf
 from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.engine import RoundRecord
 from geofl.server.loading import UserCodeError
+from geofl.server.simulation import LinkModel
 from geofl.storage import StorageUnavailableError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -50,8 +52,10 @@ def round_reporter(rounds: int) -> Callable[[RoundRecord, str], None]:
     return report
 
 
-def client_command(config: RunConfig, port: int, index: int) -> list[str]:
-    """Command line of simulated client ``index``."""
+def client_command(
+    config: RunConfig, port: int, index: int, region: str | None = None
+) -> list[str]:
+    """Command line of simulated client ``index`` (connecting to ``port``, in ``region``)."""
     sim = config.simulation
     node_config = {**sim.node_config, "partition-id": index, "num-partitions": sim.clients}
     pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
@@ -67,14 +71,72 @@ def client_command(config: RunConfig, port: int, index: int) -> list[str]:
         f"sim-{index}",
         "--reconnect-for",
         "60",
+        *(["--region", region] if region else []),
         "--node-config",
         *pairs,
     ]
 
 
-async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
+def relay_command(
+    config: RunConfig, port: int, region: str, listen: int, clients: int
+) -> list[str]:
+    """Command line of the simulated relay of ``region``: ``clients`` connect on ``listen``."""
+    return [
+        sys.executable,
+        "-m",
+        "geofl.server.cli.main",
+        "relay",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--region",
+        region,
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--clients-per-round",
+        str(max(clients, 1)),
+        "--wait-for-clients",
+        f"{config.schedule.wait_for_clients_s:g}",
+        "--reconnect-for",
+        "60",
+        "--set",
+        f"server.heartbeat_interval_s={config.server.heartbeat_interval_s:g}",
+    ]
+
+
+def client_regions(config: RunConfig) -> list[str | None]:
+    """The region of each simulated client, as the WAN model assigns them (None: none)."""
+    simulation = config.simulation
+    if not simulation.regions:
+        return [None] * simulation.clients
+    return list(LinkModel.from_config(simulation, config.run.seed).client_regions)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _start_simulation(config: RunConfig, port: int) -> list[tuple[str, subprocess.Popen[bytes]]]:
+    """Relays (one per region, with ``simulation.relays``) first, then the clients."""
+    regions = client_regions(config)
+    started: list[tuple[str, subprocess.Popen[bytes]]] = []
+    ports: dict[str | None, int] = {}
+    if config.simulation.relays:
+        for name in config.simulation.regions:
+            ports[name] = _free_port()
+            command = relay_command(config, port, name, ports[name], regions.count(name))
+            started.append((f"relay {name}", subprocess.Popen(command)))
+    for index, region in enumerate(regions):
+        command = client_command(config, ports.get(region, port), index, region)
+        started.append((f"client {index}", subprocess.Popen(command)))
+    return started
+
+
+async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[tuple[str, int]]]:
     coordinator = Coordinator(config, on_round_end=round_reporter(config.run.rounds))
-    clients: list[subprocess.Popen[bytes]] = []
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         port = await coordinator.start()
         console.print(
@@ -87,15 +149,12 @@ async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int
             )
         )
         if simulate:
-            clients = [
-                subprocess.Popen(client_command(config, port, i))
-                for i in range(config.simulation.clients)
-            ]
+            processes = _start_simulation(config, port)
         result = await coordinator.run()
-        codes = [await asyncio.to_thread(_wait, p) for p in clients]
+        codes = [(name, await asyncio.to_thread(_wait, p)) for name, p in processes]
         return result, codes
     finally:
-        for process in clients:
+        for _, process in processes:
             if process.poll() is None:
                 process.terminate()
                 await asyncio.to_thread(_wait, process)
@@ -121,7 +180,9 @@ def _check_simulation(config: RunConfig, source: str) -> None:
                 )
             ]
         )
-    if config.simulation.clients < config.strategy.min_clients:
+    if config.simulation.relays:
+        _check_relays(config, source)
+    elif config.simulation.clients < config.strategy.min_clients:
         raise ConfigError(
             [
                 ConfigProblem(
@@ -132,6 +193,36 @@ def _check_simulation(config: RunConfig, source: str) -> None:
                 )
             ]
         )
+
+
+def _check_relays(config: RunConfig, source: str) -> None:
+    """With relays the coordinator's nodes are the relays, and each needs clients."""
+    regions = config.simulation.regions
+    try:
+        assigned = client_regions(config)
+    except ValueError as exc:
+        raise ConfigError([ConfigProblem(source, "simulation.regions", str(exc))]) from exc
+    problems = [
+        ConfigProblem(
+            source,
+            "simulation.regions",
+            f"region {name!r} gets none of the {config.simulation.clients} simulated clients; "
+            "its relay would fail every round (raise its share or simulation.clients)",
+        )
+        for name in regions
+        if name not in assigned
+    ]
+    if len(regions) < config.strategy.min_clients:
+        problems.append(
+            ConfigProblem(
+                source,
+                "strategy.min_clients",
+                f"{config.strategy.min_clients} exceeds the {len(regions)} relays: with "
+                "simulation.relays the coordinator's clients are the relays, one per region",
+            )
+        )
+    if problems:
+        raise ConfigError(problems)
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -163,7 +254,7 @@ def run_serve(args: argparse.Namespace) -> int:
     return _report(result, codes)
 
 
-def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, list[int]]:
+def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, list[tuple[str, int]]]:
     """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt).
 
     Cancelling the main task lets every ``finally`` run: client processes are
@@ -171,7 +262,7 @@ def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, lis
     down by the interpreter later.
     """
 
-    async def main() -> tuple[RunResult, list[int]]:
+    async def main() -> tuple[RunResult, list[tuple[str, int]]]:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio.run always runs main() as a task
@@ -186,12 +277,12 @@ def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, lis
         raise KeyboardInterrupt from None
 
 
-def _report(result: RunResult, codes: Sequence[int]) -> int:
+def _report(result: RunResult, codes: Sequence[tuple[str, int]]) -> int:
     if result.status != "completed":
         return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} failed: {result.error}")
-    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
+    bad = [(name, c) for name, c in codes if c != 0]
     if bad:
-        listed = ", ".join(f"client {i} exited {c}" for i, c in bad)
+        listed = ", ".join(f"{name} exited {c}" for name, c in bad)
         return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} completed but {listed}")
     console.print(
         f"geofl: run {result.run_id} completed; see "
@@ -206,4 +297,4 @@ def _fail(code: ExitCode, message: str) -> int:
     return int(code)
 
 
-__all__ = ["client_command", "round_reporter", "run_serve"]
+__all__ = ["client_command", "client_regions", "relay_command", "round_reporter", "run_serve"]

@@ -55,11 +55,11 @@ def _tag(model: type[BaseModel]) -> str | None:
     return field.default if field is not None and isinstance(field.default, str) else None
 
 
-def _locate(loc: Sequence[Segment]) -> _Located:
-    """Follow ``loc`` from :class:`RunConfig`, dropping tagged-union segments."""
+def _locate(loc: Sequence[Segment], root: type[BaseModel]) -> _Located:
+    """Follow ``loc`` from ``root``, dropping tagged-union segments."""
     shown: list[Segment] = []
     owner: type[BaseModel] | None = None
-    annotation: object = RunConfig
+    annotation: object = root
     for segment in loc:
         models = _models_in(annotation)
         if len(models) > 1:
@@ -125,15 +125,18 @@ def validation_problems(
     source: str,
     find_line: LineFinder,
     overrides: Sequence[Override] = (),
+    root: type[BaseModel] = RunConfig,
 ) -> list[ConfigProblem]:
     """One :class:`ConfigProblem` per pydantic error, in user terms.
+
+    ``root`` is the model that was validated (a relay's settings reuse this).
 
     Errors on values set by an override name the override as their source; the others
     name ``source`` and, where ``find_line`` knows it, the line.
     """
     problems: list[ConfigProblem] = []
     for error in exc.errors(include_url=False):
-        path, message = _describe(error, _locate(error["loc"]))
+        path, message = _describe(error, _locate(error["loc"], root))
         dotted = ".".join(str(segment) for segment in path)
         override = _origin(path, overrides)
         if override is not None:

@@ -28,6 +28,16 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.secure import SecureAggregationConfig
+from geofl.server.config.simulation import (
+    ComputeConfig,
+    Heterogeneity,
+    PartitionConfig,
+    RegionModel,
+    check_region_names,
+    check_shares,
+    planned_value_problem,
+    trace_suffix_problem,
+)
 from geofl.server.config.strategy import StrategyConfig
 
 __all__ = [
@@ -205,6 +215,43 @@ class SimulationConfig(Section):
             "num-partitions."
         ),
     )
+    relays: bool = Field(
+        default=False,
+        description="Start one `geofl relay` per region of simulation.regions; each region's "
+        "clients connect to their relay, which aggregates them and takes part in the run "
+        "as one node (hierarchical aggregation).",
+    )
+
+    regions: dict[str, RegionModel] = Field(
+        default_factory=dict,
+        description="WAN model, by region name: share (of the clients; shares sum to 1), "
+        "rtt_ms, up_mbps, down_mbps, jitter_ms (default 0) and loss (default 0, in [0, 1)) "
+        "per region; {} = no WAN model.",
+    )
+    heterogeneity: Heterogeneity = _section(
+        "Per-client multipliers of compute speed and bandwidth."
+    )
+    compute: ComputeConfig = _section("Compute speed of a typical client.")
+    trace: ExistingFile | None = Field(
+        default=None,
+        description="Client trace in FedScale's content as JSON or CSV (per-client compute "
+        "and communication speed, availability windows); relative to the YAML file; null = "
+        "none.",
+    )
+    partition: PartitionConfig | None = Field(
+        default=None,
+        description="Data split the simulator makes (seeded by run.seed); null = the app "
+        "partitions itself from partition-id and num-partitions.",
+    )
+    clock: Literal["wall"] = Field(
+        default="wall",
+        description="Time base: 'wall' (real time). 'virtual' is not implemented yet.",
+    )
+    backend: Literal["process"] = Field(
+        default="process",
+        description="Where clients run: 'process' (one process each). 'ray' is not "
+        "implemented yet.",
+    )
 
     @field_validator("node_config")
     @classmethod
@@ -213,6 +260,44 @@ class SimulationConfig(Section):
         if taken:
             raise ValueError(f"{', '.join(taken)}: set by the simulator for each client")
         return value
+
+    @field_validator("clock", "backend", mode="before")
+    @classmethod
+    def _planned_values(cls, value: Any) -> Any:
+        problem = planned_value_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("regions")
+    @classmethod
+    def _regions_well_formed(cls, value: dict[str, RegionModel]) -> dict[str, RegionModel]:
+        check_region_names(value)
+        check_shares({name: region.share for name, region in value.items()})
+        return value
+
+    @field_validator("trace")
+    @classmethod
+    def _trace_readable(cls, value: Path | None) -> Path | None:
+        problem = None if value is None else trace_suffix_problem(value.suffix)
+        if problem:
+            raise ValueError(problem)
+        return value
+
+    @model_validator(mode="after")
+    def _regions_exist_where_named(self) -> SimulationConfig:
+        if self.partition is not None and self.partition.by_region is not None and not self.regions:
+            raise ValueError(
+                "partition.by_region splits the data by region, but simulation.regions is "
+                "empty; define the regions or choose iid, dirichlet or shards"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _relays_need_regions(self) -> SimulationConfig:
+        if self.relays and not self.regions:
+            raise ValueError("relays: true needs simulation.regions (one relay per region)")
+        return self
 
 
 class RunConfig(Section):

@@ -23,7 +23,7 @@ ALLOWED = {
     "geofl.client": {"geofl.protocols"},
 }
 # Composition roots that may also import the client.
-CLIENT_IMPORTERS = ("geofl.server.cli", "geofl.server.simulation")
+CLIENT_IMPORTERS = ("geofl.server.cli", "geofl.server.simulation", "geofl.server.relay")
 
 
 def _module_of(path: Path) -> str:

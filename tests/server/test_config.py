@@ -121,7 +121,16 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "max_model_bytes": 8 * 1024**3,
         "upload_buffer_bytes": 256 * 1024**2,
     }
-    assert cfg.simulation.model_dump() == {"clients": 2, "app": None, "node_config": {}}
+    simulation = cfg.simulation.model_dump()
+    assert {k: simulation[k] for k in ("clients", "app", "node_config", "relays")} == {
+        "clients": 2,
+        "app": None,
+        "node_config": {},
+        "relays": False,
+    }
+    # No WAN model, no trace, no built-in partition: the app partitions itself, as before.
+    assert (simulation["regions"], simulation["trace"], simulation["partition"]) == ({}, None, None)
+    assert (simulation["clock"], simulation["backend"]) == ("wall", "process")
 
 
 @pytest.mark.parametrize(
