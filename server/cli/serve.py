@@ -19,6 +19,7 @@ from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.engine import RoundRecord
 from geofl.server.loading import UserCodeError
 from geofl.server.simulation import LinkModel
+from geofl.server.simulation.preflight import check_simulation
 from geofl.storage import StorageUnavailableError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -193,6 +194,7 @@ def _check_simulation(config: RunConfig, source: str) -> None:
                 )
             ]
         )
+    check_simulation(config, source)  # cohort larger than the pool, links, traces
 
 
 def _check_relays(config: RunConfig, source: str) -> None:

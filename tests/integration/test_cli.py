@@ -61,6 +61,25 @@ def test_bad_override_is_a_usage_error(tmp_path: Path) -> None:
     assert "run.rounds" in result.stderr
 
 
+def test_simulate_refuses_more_clients_per_round_than_exist(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = run_geofl(
+        tmp_path,
+        "simulate",
+        "-c",
+        str(config),
+        "--set",
+        "simulation.clients=2",
+        "--set",
+        "strategy.clients_per_round=5",
+        "--set",
+        "strategy.min_clients=2",
+    )
+    assert result.returncode == ExitCode.USAGE, result.stderr
+    assert "strategy.clients_per_round" in result.stderr and "5" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_unreachable_database_is_one_clear_line(tmp_path: Path) -> None:
     config = write_config(tmp_path)
     url = "postgresql+psycopg://geofl:secret@127.0.0.1:1/geofl"
