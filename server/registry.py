@@ -11,13 +11,18 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
-from geofl.protocols.types import Config, Scalar
+from geofl.protocols.tensors import ModelSpec
+from geofl.protocols.types import Config, Scalar, Weights
 
-TaskKindName = Literal["fit", "evaluate"]
+if TYPE_CHECKING:
+    from geofl.protocols.v1 import geofl_pb2 as pb
+
+#: "message" tasks carry a Flower message (see :mod:`geofl.server.flower`).
+TaskKindName = Literal["fit", "evaluate", "message"]
 
 
 @dataclass
@@ -29,11 +34,19 @@ class Outcome:
     num_examples: int = 0
     loss: float | None = None
     metrics: dict[str, Scalar] = field(default_factory=dict)
-    update: Any = None  # a SpooledUpdate for fit results
+    update: Any = None  # a SpooledUpdate for fit results, a MessageReply for messages
     compute_s: float | None = None
     bytes_up: int = 0
     #: What the upload would have cost uncompressed.
     bytes_up_raw: int = 0
+
+
+@dataclass(frozen=True)
+class MessageReply:
+    """What a client sent back for a message task: its wire content and arrays."""
+
+    content: pb.FlowerContent
+    tensors: Weights
 
 
 @dataclass
@@ -54,6 +67,10 @@ class TaskRecord:
     bytes_down: int = 0
     bytes_down_raw: int = 0
     downloaded: asyncio.Event = field(default_factory=asyncio.Event)
+    #: A message task's Flower message, whose arrays are the tensors of model_version.
+    flower: pb.FlowerContent | None = None
+    #: The tensors of a message task's model version (fit/evaluate use the run's model).
+    spec: ModelSpec | None = None
 
     def settle(self, outcome: Outcome) -> None:
         """Resolve the task once; later outcomes are ignored."""
@@ -149,6 +166,9 @@ class Registry:
         config: Config,
         deadline: float,
         upload: UploadPlan | None = None,
+        *,
+        flower: pb.FlowerContent | None = None,
+        spec: ModelSpec | None = None,
     ) -> TaskRecord:
         """Create a task for ``session`` and put it in its mailbox."""
         if self.finished.is_set():
@@ -165,6 +185,8 @@ class Registry:
             deadline,
             loop.create_future(),
             upload=upload,
+            flower=flower,
+            spec=spec,
         )
         self._tasks[task.task_id] = task
         session.current = task
@@ -187,4 +209,4 @@ class Registry:
         return task
 
 
-__all__ = ["NodeSession", "Outcome", "Registry", "TaskRecord"]
+__all__ = ["MessageReply", "NodeSession", "Outcome", "Registry", "TaskRecord"]
