@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from geofl.client.flower.detect import is_flower_client, is_flower_object
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 
 __all__ = [
@@ -145,9 +146,18 @@ def _check_instantiable(cls: type[Client], spec: str) -> None:
         return
 
 
+def _flower_factory(target: object, spec: str) -> ClientFactory:
+    # Imports flwr: only ever reached for an app that is a Flower one.
+    from geofl.client.flower.adapter import flower_factory
+
+    return flower_factory(target, spec)
+
+
 def _checked_factory(factory: Callable[[ClientContext], object], spec: str) -> ClientFactory:
     def build(context: ClientContext) -> Client:
         client = factory(context)
+        if is_flower_client(client):  # a Flower client_fn without annotations
+            return _flower_factory(factory, spec)(context)
         if not isinstance(client, Client):
             raise ClientAppError(
                 f"client app {spec!r} returned {type(client).__name__}, expected a "
@@ -163,7 +173,9 @@ def load_client_app(spec: str) -> ClientFactory:
 
     ``attr`` (dots allowed for nested attributes) may be a :class:`Client` instance (shared
     as is), a :class:`Client` subclass (instantiated with no arguments), or a callable
-    taking a :class:`ClientContext` and returning a :class:`Client`.
+    taking a :class:`ClientContext` and returning a :class:`Client`. Flower 1.42 apps run
+    unchanged (see :mod:`geofl.client.flower`): a ``flwr.clientapp.ClientApp`` (message API
+    or legacy ``client_fn``), or a bare ``client_fn(context)`` returning a Flower client.
 
     Raises
     ------
@@ -180,6 +192,8 @@ def load_client_app(spec: str) -> ClientFactory:
             f"client app {spec!r}: cannot import module {module_name!r}: {exc}"
         ) from exc
     target = _resolve_attr(module, module_name, attr)
+    if is_flower_object(target):
+        return _flower_factory(target, spec)
     if isinstance(target, Client):
         instance = target
         return lambda _context: instance

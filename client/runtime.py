@@ -51,6 +51,7 @@ _WORK = frozenset(
         pb.TASK_KIND_SECAGG_ADVERTISE,
         pb.TASK_KIND_SECAGG_SHARE,
         pb.TASK_KIND_SECAGG_UNMASK,
+        pb.TASK_KIND_MESSAGE,
     }
 )
 _SECURE_STAGES = frozenset(
@@ -180,7 +181,10 @@ class ClientRuntime:
                 return True
             if task.kind in _WORK:
                 try:
-                    self._handle(task)
+                    if task.kind == pb.TASK_KIND_MESSAGE:
+                        self._handle_message(task)
+                    else:
+                        self._handle(task)
                 except SessionError:
                     raise
                 except GeoflError as exc:  # refused result: recorded server-side; go on
@@ -235,6 +239,35 @@ class ClientRuntime:
             tensors = None
         header.compute_s = time.perf_counter() - started
         self._conn.submit(header, tensors, self._opt.chunk_bytes, self._remaining(task))
+        self.tasks_done += 1
+
+    def _handle_message(self, task: pb.Task) -> None:
+        """A Flower message from a server running a ServerApp: the app answers it."""
+        from geofl.client import flower_messages  # imports flwr: only for Flower runs
+
+        arrays = self._model(task) if task.num_tensors else {}
+        header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
+        tensors: Weights = {}
+        started = time.perf_counter()
+        try:
+            if self._client is None or self.session is None:
+                raise RuntimeError("no client app")
+            content, tensors = flower_messages.answer(
+                self._client, task, arrays, self.session.node_id
+            )
+        except Exception as exc:  # the user's code failed: report it, keep serving
+            log.error("client app failed on task %d:\n%s", task.task_id, traceback.format_exc())
+            content, tensors = flower_messages.failure(task, exc), {}
+        header.flower.CopyFrom(content)
+        if content.HasField("error"):
+            header.status = pb.RESULT_STATUS_CLIENT_ERROR
+            header.error = content.error.reason[:2000]
+        else:
+            header.status = pb.RESULT_STATUS_OK
+        header.update_kind = pb.UPDATE_KIND_FULL if tensors else pb.UPDATE_KIND_NONE
+        header.payload_bytes = sum(int(t.nbytes) for t in tensors.values())
+        header.compute_s = time.perf_counter() - started
+        self._conn.submit(header, tensors or None, self._opt.chunk_bytes, self._remaining(task))
         self.tasks_done += 1
 
     def _fit(

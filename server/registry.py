@@ -15,10 +15,13 @@ from typing import Any, Literal
 
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
-from geofl.protocols.types import Config, Scalar
+from geofl.protocols.tensors import ModelSpec
+from geofl.protocols.types import Config, Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 
-TaskKindName = Literal["fit", "evaluate", "advertise", "share", "unmask"]
+#: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
+#: :mod:`geofl.server.flower`).
+TaskKindName = Literal["fit", "evaluate", "advertise", "share", "unmask", "message"]
 
 
 @dataclass
@@ -30,13 +33,23 @@ class Outcome:
     num_examples: int = 0
     loss: float | None = None
     metrics: dict[str, Scalar] = field(default_factory=dict)
-    update: Any = None  # a SpooledUpdate for fit results; the ring vector of a masked one
+    #: A SpooledUpdate for fit results, the ring vector of a masked one, a MessageReply
+    #: for messages.
+    update: Any = None
     compute_s: float | None = None
     bytes_up: int = 0
     #: What the upload would have cost uncompressed.
     bytes_up_raw: int = 0
     #: What a secure-aggregation stage task returned.
     secagg: pb.SecAggResult | None = None
+
+
+@dataclass(frozen=True)
+class MessageReply:
+    """What a client sent back for a message task: its wire content and arrays."""
+
+    content: pb.FlowerContent
+    tensors: Weights
 
 
 @dataclass
@@ -59,6 +72,10 @@ class TaskRecord:
     bytes_down: int = 0
     bytes_down_raw: int = 0
     downloaded: asyncio.Event = field(default_factory=asyncio.Event)
+    #: A message task's Flower message, whose arrays are the tensors of model_version.
+    flower: pb.FlowerContent | None = None
+    #: The tensors of a message task's model version (fit/evaluate use the run's model).
+    spec: ModelSpec | None = None
 
     def settle(self, outcome: Outcome) -> None:
         """Resolve the task once; later outcomes are ignored."""
@@ -155,6 +172,9 @@ class Registry:
         deadline: float,
         upload: UploadPlan | None = None,
         secagg: pb.SecAggTask | None = None,
+        *,
+        flower: pb.FlowerContent | None = None,
+        spec: ModelSpec | None = None,
     ) -> TaskRecord:
         """Create a task for ``session`` and put it in its mailbox."""
         if self.finished.is_set():
@@ -172,6 +192,8 @@ class Registry:
             loop.create_future(),
             upload=upload,
             secagg=secagg,
+            flower=flower,
+            spec=spec,
         )
         self._tasks[task.task_id] = task
         session.current = task
@@ -194,4 +216,4 @@ class Registry:
         return task
 
 
-__all__ = ["NodeSession", "Outcome", "Registry", "TaskRecord"]
+__all__ = ["MessageReply", "NodeSession", "Outcome", "Registry", "TaskRecord"]

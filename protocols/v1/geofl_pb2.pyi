@@ -45,6 +45,7 @@ class TaskKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TASK_KIND_SECAGG_ADVERTISE: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_SHARE: _ClassVar[TaskKind]
     TASK_KIND_SECAGG_UNMASK: _ClassVar[TaskKind]
+    TASK_KIND_MESSAGE: _ClassVar[TaskKind]
 
 class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ class UpdateKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     UPDATE_KIND_DELTA: _ClassVar[UpdateKind]
     UPDATE_KIND_NONE: _ClassVar[UpdateKind]
     UPDATE_KIND_MASKED: _ClassVar[UpdateKind]
+    UPDATE_KIND_FULL: _ClassVar[UpdateKind]
 
 class ResultStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -88,10 +90,12 @@ TASK_KIND_SHUTDOWN: TaskKind
 TASK_KIND_SECAGG_ADVERTISE: TaskKind
 TASK_KIND_SECAGG_SHARE: TaskKind
 TASK_KIND_SECAGG_UNMASK: TaskKind
+TASK_KIND_MESSAGE: TaskKind
 UPDATE_KIND_UNSPECIFIED: UpdateKind
 UPDATE_KIND_DELTA: UpdateKind
 UPDATE_KIND_NONE: UpdateKind
 UPDATE_KIND_MASKED: UpdateKind
+UPDATE_KIND_FULL: UpdateKind
 RESULT_STATUS_UNSPECIFIED: ResultStatus
 RESULT_STATUS_OK: ResultStatus
 RESULT_STATUS_CLIENT_ERROR: ResultStatus
@@ -216,7 +220,7 @@ class GetTaskRequest(_message.Message):
     def __init__(self, poll_timeout_s: _Optional[float] = ..., held_version: _Optional[int] = ..., has_model: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload", "secagg")
+    __slots__ = ("kind", "task_id", "run_id", "round", "model_version", "config", "deadline_unix_s", "num_tensors", "model_bytes", "reason", "upload", "flower", "secagg")
     class ConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +239,7 @@ class Task(_message.Message):
     MODEL_BYTES_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    FLOWER_FIELD_NUMBER: _ClassVar[int]
     SECAGG_FIELD_NUMBER: _ClassVar[int]
     kind: TaskKind
     task_id: int
@@ -247,8 +252,9 @@ class Task(_message.Message):
     model_bytes: int
     reason: str
     upload: CompressionPlan
+    flower: FlowerContent
     secagg: SecAggTask
-    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ..., secagg: _Optional[_Union[SecAggTask, _Mapping]] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ..., flower: _Optional[_Union[FlowerContent, _Mapping]] = ..., secagg: _Optional[_Union[SecAggTask, _Mapping]] = ...) -> None: ...
 
 class SecAggSetup(_message.Message):
     __slots__ = ("cohort", "threshold", "degree", "graph_seed", "clip", "ring_bits", "max_examples", "low_rank", "low_rank_min_elements")
@@ -371,7 +377,7 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ..., add_to_base: _Optional[bool] = ...) -> None: ...
 
 class UploadHeader(_message.Message):
-    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes", "secagg")
+    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes", "secagg", "flower")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -392,6 +398,7 @@ class UploadHeader(_message.Message):
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECAGG_FIELD_NUMBER: _ClassVar[int]
+    FLOWER_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     round: int
     attempt: int
@@ -405,7 +412,40 @@ class UploadHeader(_message.Message):
     compute_s: float
     payload_bytes: int
     secagg: SecAggResult
-    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., secagg: _Optional[_Union[SecAggResult, _Mapping]] = ...) -> None: ...
+    flower: FlowerContent
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., secagg: _Optional[_Union[SecAggResult, _Mapping]] = ..., flower: _Optional[_Union[FlowerContent, _Mapping]] = ...) -> None: ...
+
+class FlowerContent(_message.Message):
+    __slots__ = ("message_type", "group_id", "records", "array_records", "record_order", "error")
+    MESSAGE_TYPE_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_ORDER_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    message_type: str
+    group_id: str
+    records: bytes
+    array_records: _containers.RepeatedCompositeFieldContainer[FlowerArrayRecord]
+    record_order: _containers.RepeatedScalarFieldContainer[str]
+    error: FlowerError
+    def __init__(self, message_type: _Optional[str] = ..., group_id: _Optional[str] = ..., records: _Optional[bytes] = ..., array_records: _Optional[_Iterable[_Union[FlowerArrayRecord, _Mapping]]] = ..., record_order: _Optional[_Iterable[str]] = ..., error: _Optional[_Union[FlowerError, _Mapping]] = ...) -> None: ...
+
+class FlowerArrayRecord(_message.Message):
+    __slots__ = ("key", "array_keys")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ARRAY_KEYS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    array_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., array_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FlowerError(_message.Message):
+    __slots__ = ("code", "reason")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    reason: str
+    def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class UploadMessage(_message.Message):
     __slots__ = ("header", "chunk")

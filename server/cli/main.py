@@ -17,14 +17,13 @@ from geofl.server.cli.exit_codes import epilog
 DEFAULT_DB = "sqlite:///runs/geofl.db"
 
 
-def _add_config_args(parser: argparse.ArgumentParser) -> None:
+def _add_config_args(parser: argparse.ArgumentParser, simulate: bool = False) -> None:
     parser.add_argument(
         "-c",
         "--config",
-        required=True,
         type=Path,
         metavar="RUN.yaml",
-        help="the run's YAML configuration",
+        help="the run's YAML configuration (required unless --flower-app is given)",
     )
     parser.add_argument(
         "--set",
@@ -35,6 +34,9 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
         help="override a configuration value, e.g. --set run.rounds=3 (repeatable)",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    from geofl.server.flower.arguments import add_flower_arguments
+
+    add_flower_arguments(parser, simulate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start the coordinator and `simulation.clients` client processes, each "
         "running `simulation.app` with node config partition-id=i num-partitions=N.",
     )
-    _add_config_args(simulate)
+    _add_config_args(simulate, simulate=True)
 
     runs = sub.add_parser(
         "runs",

@@ -32,14 +32,15 @@ def _fmt_metrics(metrics: dict[str, object]) -> str:
     )
 
 
-def round_reporter(rounds: int) -> Callable[[RoundRecord, str], None]:
-    """Print one line per finished round."""
+def round_reporter(rounds: int | None) -> Callable[[RoundRecord, str], None]:
+    """Print one line per finished round (``rounds``: how many are planned, if known)."""
+    of = "" if rounds is None else f"/{rounds}"
 
     def report(record: RoundRecord, status: str) -> None:
         ok = sum(1 for _, o in record.outcomes if o.status == "ok")
         seconds = sum(record.phase_durations.values())
         parts = [
-            f"round {record.number}/{rounds} {status} in {seconds:.2f} s",
+            f"round {record.number}{of} {status} in {seconds:.2f} s",
             f"{ok}/{len(record.outcomes)} tasks ok",
         ]
         if record.train_loss is not None:
@@ -233,6 +234,17 @@ def run_serve(args: argparse.Namespace) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if getattr(args, "flower_app", None) is not None:
+        from geofl.server.flower.cli import run_flower  # imports flwr: only for Flower apps
+
+        return run_flower(args)
+    if args.config is None:
+        return _fail(
+            ExitCode.USAGE,
+            "-c/--config RUN.yaml is required (or --flower-app DIR for a Flower app)",
+        )
+    if args.run_config or getattr(args, "federation", None):
+        return _fail(ExitCode.USAGE, "--run-config and --federation need --flower-app DIR")
     simulate = args.command == "simulate"
     try:
         config = load_config(args.config, args.overrides)

@@ -38,7 +38,7 @@ from geofl.server.config.simulation import (
     planned_value_problem,
     trace_suffix_problem,
 )
-from geofl.server.config.strategy import StrategyConfig
+from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
 
 __all__ = [
     "EvaluationConfig",
@@ -326,6 +326,12 @@ class RunConfig(Section):
         """Per-client codecs would be applied before masking and cannot be summed masked."""
         if not self.secure_aggregation.enabled:
             return self
+        if isinstance(self.strategy, FlowerStrategyConfig):
+            raise ValueError(
+                "secure_aggregation cannot be combined with a Flower strategy: Flower's "
+                "aggregate_train needs every client's update, the server only sees their sum; "
+                "use a geofl strategy (fedavg, fedavgm, fedadam, fedyogi, fedadagrad)"
+            )
         if self.strategy.min_clients < 2:
             raise ValueError(
                 "secure_aggregation needs strategy.min_clients >= 2: a sum of one update "

@@ -3,20 +3,40 @@
 One model per strategy name, chosen by the ``name`` key (a discriminated union), so a
 parameter that one strategy does not take is an unknown-key error rather than silently
 ignored. Defaults follow the papers: FedOpt values from Reddi et al. (2021).
+
+A ``flower`` key instead of ``name`` selects one of Flower 1.42's strategies
+(:class:`FlowerStrategyConfig`); its ``args`` are checked by building the Flower strategy,
+which imports Flower only then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import Discriminator, Field, Tag, ValidationInfo, field_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from geofl.server.config.fields import Section
+from geofl.server.config.fields import ConfigScalar, Section
+from geofl.server.strategies.flower import (
+    FLOWER_STRATEGIES,
+    FLOWER_WRAPPERS,
+    FlowerConfigError,
+    check_flower_strategy,
+)
 
 __all__ = [
     "DEFAULT_STRATEGY",
+    "FLOWER_KEY",
     "STRATEGY_CONFIGS",
     "FedAdagradConfig",
     "FedAdamConfig",
@@ -24,12 +44,16 @@ __all__ = [
     "FedAvgMConfig",
     "FedProxConfig",
     "FedYogiConfig",
+    "FlowerStrategyConfig",
+    "FlowerWrappedConfig",
     "StrategyBase",
     "StrategyConfig",
 ]
 
 #: The strategy used when the ``strategy`` section, or its ``name``, is left out.
 DEFAULT_STRATEGY = "fedavg"
+#: The key selecting a Flower strategy, and the ``name`` such a strategy section carries.
+FLOWER_KEY = "flower"
 _COMMON_KEYS = frozenset({"name", "clients_per_round", "min_clients"})
 
 
@@ -149,6 +173,96 @@ class FedAdagradConfig(StrategyBase):
     tau: float = _tau(1e-3)
 
 
+#: Keyword arguments for a Flower strategy class: YAML scalars, or null.
+FlowerArgs = dict[str, ConfigScalar | None]
+
+
+def _flower_name(value: str, allowed: Sequence[str]) -> str:
+    if value not in allowed:
+        raise ValueError(
+            f"{value!r} is not a supported Flower strategy; supported: {', '.join(allowed)}"
+        )
+    return value
+
+
+class FlowerWrappedConfig(Section):
+    """The Flower strategy a DifferentialPrivacy* wrapper adds noise (and clipping) to."""
+
+    flower: str = Field(
+        description="Class name in flwr.serverapp.strategy; any supported one but the "
+        "DifferentialPrivacy* wrappers."
+    )
+    args: FlowerArgs = Field(
+        default_factory=dict, description="Keyword arguments of the wrapped strategy."
+    )
+
+    @field_validator("flower")
+    @classmethod
+    def _plain_strategy(cls, value: str) -> str:
+        plain = [name for name in FLOWER_STRATEGIES if name not in FLOWER_WRAPPERS]
+        return _flower_name(value, plain)
+
+
+class FlowerStrategyConfig(StrategyBase):
+    """A Flower 1.42 strategy aggregating in geofl's rounds: `strategy: {flower: FedAdam,
+    args: {eta: 0.01}}`. geofl's scheduler still picks the clients (clients_per_round,
+    min_clients, evaluation.clients), so Flower's sampling arguments (fraction_train,
+    fraction_evaluate, min_train_nodes, min_evaluate_nodes, min_available_nodes) are
+    refused. Flower aggregates all of a round's updates at once: server memory is
+    O(clients x model) for these strategies (the native ones stream in O(model)). The result
+    is cast back to each tensor's dtype. FedAdam/FedYogi/FedAdagrad moments, FedAvgM momentum
+    and adaptive clipping norms are checkpointed and resume. QFedAvg reads each client's
+    `train_loss` metric; the DifferentialPrivacyClientSide* wrappers need clients that clip
+    (e.g. a Flower ClientApp with fixedclipping_mod or adaptiveclipping_mod). Python-object
+    arguments (accountant, selection_rule, metric aggregation functions) are not available.
+    """
+
+    name: Literal["flower"] = Field(
+        default="flower",
+        description="Implied by the flower key (leave it out): the strategy is Flower's.",
+    )
+    flower: str = Field(
+        description=f"Class name in flwr.serverapp.strategy: {', '.join(FLOWER_STRATEGIES)}."
+    )
+    args: FlowerArgs = Field(
+        default_factory=dict,
+        description="Keyword arguments of the Flower class, e.g. {eta: 0.01}; checked "
+        "against its signature and by building it.",
+    )
+    wraps: FlowerWrappedConfig | None = Field(
+        default=None,
+        description="For the DifferentialPrivacy* wrappers only: the strategy they wrap, "
+        "{flower: FedAvg, args: {...}}.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_both_names(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and data.get("name", FLOWER_KEY) != FLOWER_KEY:
+            raise ValueError(
+                "name and flower are mutually exclusive: name picks a geofl strategy, "
+                "flower one of Flower's"
+            )
+        return data
+
+    @field_validator("flower")
+    @classmethod
+    def _supported(cls, value: str) -> str:
+        return _flower_name(value, FLOWER_STRATEGIES)
+
+    @model_validator(mode="after")
+    def _builds(self) -> FlowerStrategyConfig:
+        """Build the Flower strategy once; a refusal names the key that caused it."""
+        wraps = self.wraps.model_dump() if self.wraps is not None else None
+        try:
+            check_flower_strategy(self.flower, self.args, wraps)
+        except FlowerConfigError as exc:
+            error = PydanticCustomError("value_error", "{message}", {"message": exc.message})
+            detail = InitErrorDetails(type=error, loc=exc.path, input=self.args)
+            raise ValidationError.from_exception_data(type(self).__name__, [detail]) from exc
+        return self
+
+
 _MODELS: tuple[type[StrategyBase], ...] = (
     FedAvgConfig,
     FedAvgMConfig,
@@ -164,11 +278,14 @@ STRATEGY_CONFIGS: Mapping[str, type[StrategyBase]] = MappingProxyType(
 
 
 def _strategy_tag(value: object) -> str | None:
-    """The union tag: ``name``, defaulting to fedavg; a non-string name matches no tag."""
+    """The union tag: ``flower`` when that key is there, else ``name`` (default fedavg); a
+    non-string name matches no tag."""
     if isinstance(value, StrategyBase):
         return value.name
     if not isinstance(value, Mapping):
         return None
+    if FLOWER_KEY in value:
+        return FLOWER_KEY
     name = value.get("name", DEFAULT_STRATEGY)
     return name if isinstance(name, str) else repr(name)
 
@@ -182,6 +299,7 @@ StrategyConfig = Annotated[
         Annotated[FedAdamConfig, Tag("fedadam")],
         Annotated[FedYogiConfig, Tag("fedyogi")],
         Annotated[FedAdagradConfig, Tag("fedadagrad")],
+        Annotated[FlowerStrategyConfig, Tag(FLOWER_KEY)],
     ],
     Discriminator(_strategy_tag),
 ]

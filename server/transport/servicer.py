@@ -36,7 +36,7 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
 from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.registry import MessageReply, NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.spool import MemoryBudget, SpoolSink
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ _KIND = {
     "advertise": pb.TASK_KIND_SECAGG_ADVERTISE,
     "share": pb.TASK_KIND_SECAGG_SHARE,
     "unmask": pb.TASK_KIND_SECAGG_UNMASK,
+    "message": pb.TASK_KIND_MESSAGE,
 }
 
 
@@ -70,6 +71,8 @@ class ServerState:
     models: ModelStore = field(default_factory=ModelStore)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     upload_budget: MemoryBudget = field(default_factory=MemoryBudget)
+    #: Largest reply to a message task (its arrays), bytes.
+    max_message_bytes: int = 8 << 30
 
 
 class _AbortError(Exception):
@@ -205,6 +208,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def _task_message(self, task: TaskRecord) -> pb.Task:
         task.started_at = time.time()
+        spec = self._s.spec if task.spec is None else task.spec
         message = pb.Task(
             kind=_KIND[task.kind],
             task_id=task.task_id,
@@ -212,14 +216,16 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             round=task.round,
             model_version=task.model_version,
             deadline_unix_s=task.deadline,
-            num_tensors=len(self._s.spec),
-            model_bytes=model_bytes(self._s.spec),
+            num_tensors=len(spec),
+            model_bytes=model_bytes(spec),
         )
         serde.fill_scalar_map(message.config, task.config)
         if task.upload is not None and task.upload.chain:
             message.upload.CopyFrom(serde.plan_to_proto(task.upload))
         if task.secagg is not None:
             message.secagg.CopyFrom(task.secagg)
+        if task.flower is not None:
+            message.flower.CopyFrom(task.flower)
         return message
 
     async def Download(  # noqa: N802
@@ -288,6 +294,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def _receive(
         self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
     ) -> Outcome:
+        if task.kind == "message":
+            return await self._receive_reply(header, messages)
         metrics = serde.scalar_map(header.metrics)
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
             return Outcome("failed", header.error or "client error", metrics=metrics)
@@ -322,15 +330,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         assembler = streams.Assembler(
             sink, self._s.spec, max_total_bytes=announced, check_finite=True
         )
-        received = 0
         try:
-            async for raw in messages:
-                message = serde.decode_upload(raw)
-                if message.WhichOneof("body") != "chunk":
-                    raise ProtocolError("only tensor chunks may follow the UploadHeader")
-                assembler.feed(message.chunk)
-                received += len(raw)
-            assembler.finish()
+            received = await _drain(assembler, messages)
         except BaseException:
             sink.discard()
             raise
@@ -356,14 +357,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         expected = (TensorSpec(MASKED_TENSOR, dtype, (length,)),)
         sink = streams.ArraySink()
         assembler = streams.Assembler(sink, expected, max_total_bytes=expected[0].nbytes)
-        received = 0
-        async for raw in messages:
-            message = serde.decode_upload(raw)
-            if message.WhichOneof("body") != "chunk":
-                raise ProtocolError("only tensor chunks may follow the UploadHeader")
-            assembler.feed(message.chunk)
-            received += len(raw)
-        assembler.finish()
+        received = await _drain(assembler, messages)
         return Outcome(
             "ok",
             num_examples=int(header.num_examples),
@@ -374,6 +368,49 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             bytes_up=received,
             bytes_up_raw=received,
         )
+
+    async def _receive_reply(
+        self, header: pb.UploadHeader, messages: AsyncIterator[bytes]
+    ) -> Outcome:
+        """A message task's reply: its FlowerContent and complete arrays (or an error)."""
+        if not header.HasField("flower"):
+            raise ProtocolError("the reply to a message task must carry UploadHeader.flower")
+        reply = MessageReply(header.flower, {})
+        if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
+            return Outcome("failed", header.error or "client error", update=reply)
+        if header.status != pb.RESULT_STATUS_OK:
+            raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
+        if header.update_kind not in (pb.UPDATE_KIND_FULL, pb.UPDATE_KIND_NONE):
+            raise ProtocolError("a message reply carries FULL arrays or no tensors")
+        announced = int(header.payload_bytes)
+        if announced > self._s.max_message_bytes:
+            raise TensorError(
+                f"a reply of {announced} bytes is over the limit of {self._s.max_message_bytes}",
+                code=ErrorCode.TOO_LARGE,
+            )
+        sink = streams.ArraySink()
+        assembler = streams.Assembler(sink, max_total_bytes=announced)
+        received = await _drain(assembler, messages)
+        return Outcome(
+            "ok",
+            update=MessageReply(header.flower, sink.weights),
+            compute_s=header.compute_s or None,
+            bytes_up=received,
+            bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
+        )
+
+
+async def _drain(assembler: streams.Assembler, messages: AsyncIterator[bytes]) -> int:
+    """Feed every chunk after the header to ``assembler``; the wire bytes received."""
+    received = 0
+    async for raw in messages:
+        message = serde.decode_upload(raw)
+        if message.WhichOneof("body") != "chunk":
+            raise ProtocolError("only tensor chunks may follow the UploadHeader")
+        assembler.feed(message.chunk)
+        received += len(raw)
+    assembler.finish()
+    return received
 
 
 def _passthrough(data: bytes) -> bytes:

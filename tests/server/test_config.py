@@ -192,6 +192,14 @@ def test_secure_aggregation_refuses_per_client_codecs(tmp_path: Path) -> None:
     assert "ring_bits" in line
 
 
+def test_secure_aggregation_refuses_flower_strategies(tmp_path: Path) -> None:
+    path = write(
+        tmp_path, MINIMAL + "secure_aggregation: {enabled: true}\nstrategy: {flower: FedMedian}\n"
+    )
+    (line,) = problems_of(path)
+    assert "cannot be combined with a Flower strategy" in line
+
+
 def test_secure_aggregation_needs_two_clients(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -227,7 +235,7 @@ def test_wrong_strategy_name_lists_allowed_values(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "strategy:\n  clients_per_round: 3\n  name: fedavgg\n")
     assert problems_of(path) == [
         f"{path}:5: strategy.name: 'fedavgg' is not one of "
-        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad"
+        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad, flower"
     ]
 
 

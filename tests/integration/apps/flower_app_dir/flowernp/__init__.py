@@ -1,0 +1,1 @@
+"""flowernp: a NumPy-only Flower app."""
