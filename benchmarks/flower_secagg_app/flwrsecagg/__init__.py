@@ -1,0 +1,3 @@
+"""Flower app for the secure-aggregation benchmark (no training, protocol cost only)."""
+
+__all__: list[str] = []
