@@ -96,9 +96,9 @@ def test_errors_travel_instead_of_content() -> None:
 
 
 def test_unsupported_dtype_is_named_with_what_to_do() -> None:
-    records = RecordDict({"arrays": ArrayRecord({"c": Array(np.zeros(2, np.uint16))})})
+    records = RecordDict({"arrays": ArrayRecord({"c": Array(np.zeros(2, np.uint64))})})
     with pytest.raises(
-        TensorError, match=r"array 'c' of ArrayRecord 'arrays' has dtype uint16.*astype"
+        TensorError, match=r"array 'c' of ArrayRecord 'arrays' has dtype uint64.*astype"
     ):
         arrays_to_tensors(records)
 
