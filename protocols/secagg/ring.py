@@ -117,8 +117,14 @@ class RingQuantizer:
             raise SecAggError("quantization needs a floating-point NumPy array")
         if not np.isfinite(x).all():
             raise SecAggError("the vector holds NaN or Inf values; refusing to quantize it")
-        scaled = (np.clip(x.astype(np.float64), -self.clip, self.clip) + self.clip) / self.step
-        levels = np.floor(scaled + rng.random(scaled.shape))
+        # In place on one float64 copy: this runs on every client for every parameter.
+        levels = np.array(x, dtype=np.float64)
+        np.minimum(levels, self.clip, out=levels)
+        np.maximum(levels, -self.clip, out=levels)
+        levels += self.clip
+        levels *= 1.0 / self.step
+        levels += rng.random(levels.shape)
+        np.floor(levels, out=levels)
         np.minimum(levels, self.levels - 1, out=levels)
         return levels.astype(self.dtype)
 
