@@ -24,14 +24,12 @@ for _var in (*_ORIGINAL_ENV, "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # one core for the codec throughput, before NumPy loads
 
 import argparse  # noqa: E402
-import fcntl  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Iterator, Mapping, Sequence  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
+from collections.abc import Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -39,6 +37,7 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.codecs_throughput import CASES, measure  # noqa: E402
+from benchmarks.core import heavy_lock  # noqa: E402
 from geofl.protocols.codecs import parse_chain  # noqa: E402
 
 __all__ = [
@@ -54,7 +53,6 @@ __all__ = [
 ]
 
 ACCURACY_TARGET = 0.85
-LOCK = Path(tempfile.gettempdir()) / "geofl-heavy.lock"
 RUN_YAML = "examples/fashion_mnist/run.yaml"
 BYTES_TARGET = 50.0  # fewer upload bytes than uncompressed, at most ...
 ACCURACY_LOSS_PP = 1.0  # ... percentage points of final accuracy lost
@@ -232,17 +230,6 @@ def _draw_panel(axes: Any, configs: Mapping[str, Mapping[str, Any]]) -> None:
     axes.set_xlabel("cumulative upload bytes, all clients (MB, log scale)")
     axes.set_ylabel("server test accuracy (10k images)")
     axes.grid(True, which="both", alpha=0.3)
-
-
-@contextmanager
-def heavy_lock() -> Iterator[None]:
-    """Hold the shared heavy-work lock (the same flock(2) lock as ``flock(1)``)."""
-    with LOCK.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _geofl() -> str:

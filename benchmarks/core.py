@@ -10,26 +10,33 @@ The :class:`RunContext` is the seam between the two: a system starts its process
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 
 from benchmarks.procmon import ProcessMonitor
 
 __all__ = [
+    "HEAVY_LOCK",
     "REPO_ROOT",
     "SERVER_GROUP",
+    "TASKS",
     "BenchmarkError",
+    "MemoryRole",
     "RoundRecord",
     "RunContext",
     "System",
@@ -37,6 +44,7 @@ __all__ = [
     "Workload",
     "console_script",
     "free_port",
+    "heavy_lock",
     "stop_tree",
     "stop_trees",
     "wait_for_port",
@@ -46,6 +54,29 @@ SERVER_GROUP = "server"
 #: Repository root; put it on PYTHONPATH for processes that load ``benchmarks.apps...``
 #: (spawned processes run in the temporary work directory).
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: The shared host's lock for CPU-heavy work, the file that ``flock(1)`` users take too.
+HEAVY_LOCK = Path(tempfile.gettempdir()) / "geofl-heavy.lock"
+
+
+@contextmanager
+def heavy_lock() -> Iterator[None]:
+    """Hold :data:`HEAVY_LOCK` (the same flock(2) lock as ``flock(1)``).
+
+    Not re-entrant across processes: a program started under ``flock(1)`` on this file
+    must not take it again (it would wait for its own parent).
+    """
+    with HEAVY_LOCK.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+#: What clients do in a round. ``echo``: return the model plus ``1 + partition-id``, no
+#: training (framework cost only). ``mlp-digits``: train the MLP of
+#: :mod:`benchmarks.apps.digits_mlp` (a real task with an accuracy).
+TASKS = ("echo", "mlp-digits")
 
 
 class BenchmarkError(RuntimeError):
@@ -59,31 +90,42 @@ class Workload:
     Attributes
     ----------
     params
-        Model size in float32 parameters (one tensor named ``w``).
+        Model size in float32 parameters: the ``echo`` model's size (one tensor named
+        ``w``); for ``mlp-digits`` the MLP's size, which the task fixes (informational).
     clients
         Number of client processes (sites); every client takes part in every round.
     rounds
-        Training rounds. A client returns ``parameters + (1 + partition_id)``, no training.
+        Training rounds.
     timeout_s
         Wall-clock limit for the whole deployment, start-up included.
+    task
+        One of :data:`TASKS`.
     """
 
     params: int
     clients: int
     rounds: int
     timeout_s: float = 900.0
+    task: str = "echo"
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; expected one of {TASKS}")
 
     @property
     def model_bytes(self) -> int:
         """Raw payload of one model copy."""
         return 4 * self.params
 
-    def expected_shift(self) -> float:
+    def expected_shift(self) -> float | None:
         """Mean of (final model - initial model) under FedAvg with equal weights.
 
-        Each round adds the mean client constant, ``1 + (clients - 1) / 2``; a system whose
-        final model moved by another amount lost or duplicated updates.
+        Each ``echo`` round adds the mean client constant, ``1 + (clients - 1) / 2``; a system
+        whose final model moved by another amount lost or duplicated updates. None for a
+        training task, whose result is checked by its accuracy instead.
         """
+        if self.task != "echo":
+            return None
         return self.rounds * (1.0 + (self.clients - 1) / 2.0)
 
 
@@ -108,6 +150,7 @@ class SystemRun:
 
     rounds: list[RoundRecord]
     final_shift: float | None = None
+    accuracy: float | None = None
     system_bytes: dict[str, int] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
 
@@ -250,11 +293,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class MemoryRole:
+    """Processes that together play one role (the server, one client), named by kind.
+
+    For systems whose roles are not separate process trees (a simulation: the clients are
+    children of the server process, or Ray actors). ``kinds`` are
+    :func:`benchmarks.procmon.classify_cmdline` names. ``per_process=False``: the peak over
+    time of the summed RSS of all processes of these kinds; ``True``: the peak of the
+    largest single such process ("one client" when each client is a process).
+    """
+
+    kinds: frozenset[str]
+    per_process: bool = False
+
+
 class System(ABC):
     """A federated-learning framework deployed as real processes on loopback."""
 
     #: Short name used on the command line and in results (``"flower"``, ``"geofl"``).
     name: str = ""
+    #: Whether clients reach the server through the harness's byte-counting proxy. A
+    #: simulation has no such hop; its bytes are the system's own accounting.
+    wire_proxy: ClassVar[bool] = True
+    #: Role -> processes, for systems whose server and client sites are not separate
+    #: ``spawn`` groups; the harness then reports ``peak_rss_roles_mb`` per role.
+    memory_roles: ClassVar[Mapping[str, MemoryRole]] = {}
 
     @abstractmethod
     def run(self, workload: Workload, ctx: RunContext) -> SystemRun:

@@ -1,15 +1,24 @@
-"""Flower 1.42 as a real deployment on loopback: SuperLink, N SuperNodes, ``flwr run``.
+"""Flower 1.42 on loopback: a real deployment (SuperLink, N SuperNodes) or its simulation.
 
-Process layout (each ``flwr``-spawned child is found through the process tree):
+Deployment process layout (each ``flwr``-spawned child is found through the process tree):
 
 * group ``server``: ``flower-superlink`` -> its ``flower-superexec`` -> ``flwr-serverapp``;
 * group ``site-<i>``: ``flower-supernode`` -> ``flower-superexec`` -> one ``flwr-clientapp``
   per message.
 
 SuperNodes dial the harness's byte proxy, so Fleet traffic (the only traffic that would
-cross a WAN) is counted; the CLI and the ServerApp talk to the SuperLink directly. Offline
-settings: telemetry and update checks off, no runtime ``uv sync``, ``--insecure``, and a
-separate ``FLWR_HOME`` per process so no state is shared through ``~/.flwr``.
+cross a WAN) is counted; the CLI and the ServerApp talk to the SuperLink directly.
+
+Simulation (:class:`FlowerSimulationSystem`): ``flower-superlink --simulation`` ->
+``flower-superexec`` -> ``flwr-simulation`` (the ServerApp and the Ray driver) -> Ray's
+processes, with the ClientApps in ``ray::ClientAppActor`` workers; no SuperNodes and no
+Fleet traffic, so bytes are the ServerApp's count of serialized arrays.
+
+Offline settings: telemetry and update checks off, no runtime ``uv sync``, ``--insecure``,
+and a separate ``FLWR_HOME`` per process so no state is shared through ``~/.flwr``. Every
+process gets the interpreter's ``bin`` directory first on ``PATH`` (the SuperLink and
+SuperNode start ``flower-superexec`` by name) and the repository root on ``PYTHONPATH``
+(the ``mlp-digits`` task imports ``benchmarks.apps.digits_mlp``).
 """
 
 from __future__ import annotations
@@ -18,12 +27,17 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 from benchmarks.core import (
+    REPO_ROOT,
     SERVER_GROUP,
     BenchmarkError,
+    MemoryRole,
     RunContext,
     System,
     SystemRun,
@@ -36,6 +50,8 @@ from benchmarks.metrics import rounds_from_events
 
 __all__ = [
     "FLOWER_APP_TEMPLATE",
+    "SIMULATION_CPUS_PER_CLIENT",
+    "FlowerSimulationSystem",
     "FlowerSystem",
     "cli_config_toml",
     "read_events",
@@ -46,6 +62,16 @@ __all__ = [
 FLOWER_APP_TEMPLATE = Path(__file__).resolve().parent / "flower_app"
 _CONNECTION = "bench"
 _OFFLINE_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+#: Ray CPUs per virtual client: 1 gives one ClientApp actor per core (Flower's default of
+#: 2 would run a single actor on the benchmark host's 2 cores).
+SIMULATION_CPUS_PER_CLIENT = 1
+
+
+def _process_env() -> dict[str, str]:
+    """PATH and PYTHONPATH for Flower's processes (see the module docstring)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**_OFFLINE_ENV, "PATH": path, "PYTHONPATH": pythonpath}
 
 
 def cli_config_toml(connection: str, port: int) -> str:
@@ -73,34 +99,41 @@ class FlowerSystem(System):
     """Deploy Flower for a workload and read round times from the ServerApp's log."""
 
     name = "flower"
+    #: Run the SuperLink with ``--simulation`` (Ray) instead of starting SuperNodes.
+    simulation: ClassVar[bool] = False
 
     def run(self, workload: Workload, ctx: RunContext) -> SystemRun:
-        """Start SuperLink and SuperNodes, submit the app, wait for the last round."""
+        """Start the SuperLink (and SuperNodes), submit the app, wait for the last round."""
         app_dir = ctx.workdir / "app"
         shutil.copytree(FLOWER_APP_TEMPLATE, app_dir, ignore=shutil.ignore_patterns("__pycache__"))
         timing = ctx.workdir / "timing.jsonl"
         self._start_superlink(ctx)
-        for i in range(workload.clients):
-            self._start_supernode(ctx, i, workload.clients)
+        if not self.simulation:
+            for i in range(workload.clients):
+                self._start_supernode(ctx, i, workload.clients)
         run_id = self._submit(ctx, app_dir, workload, timing)
         events = self._wait_for_end(ctx, timing, workload)
-        rounds = rounds_from_events(events, workload.rounds)
-        final = next(e for e in events if e.get("event") == "end").get("final_shift")
-        shift = float(final) if isinstance(final, int | float) else None
-        run = SystemRun(rounds=rounds, final_shift=shift)
-        run.system_bytes = self._flower_traffic(ctx, run_id)
+        end = next(e for e in events if e.get("event") == "end")
+        run = SystemRun(
+            rounds=rounds_from_events(events, workload.rounds),
+            final_shift=_float_or_none(end.get("final_shift")),
+            accuracy=_float_or_none(end.get("accuracy")),
+        )
+        if not self.simulation:  # a simulation's Fleet counters are always zero
+            run.system_bytes = self._flower_traffic(ctx, run_id)
         run.notes["run_id"] = str(run_id)
         return run
 
     def _env(self, ctx: RunContext, home: str) -> dict[str, str]:
         path = ctx.workdir / "homes" / home
         path.mkdir(parents=True, exist_ok=True)
-        return {**_OFFLINE_ENV, "FLWR_HOME": str(path)}
+        return {**_process_env(), "FLWR_HOME": str(path)}
 
     def _start_superlink(self, ctx: RunContext) -> None:
         argv = [
             console_script("flower-superlink"),
             "--insecure",
+            *(["--simulation"] if self.simulation else []),
             "--host",
             "127.0.0.1",
             "--port",
@@ -131,7 +164,7 @@ class FlowerSystem(System):
         home = ctx.workdir / "homes" / "cli"
         home.mkdir(parents=True, exist_ok=True)
         (home / "config.toml").write_text(cli_config_toml(_CONNECTION, ctx.server_port))
-        env = {**os.environ, **_OFFLINE_ENV, "FLWR_HOME": str(home)}
+        env = {**os.environ, **_process_env(), "FLWR_HOME": str(home)}
         done = subprocess.run(
             [console_script("flwr"), *args],
             capture_output=True,
@@ -149,12 +182,18 @@ class FlowerSystem(System):
 
     def _submit(self, ctx: RunContext, app_dir: Path, workload: Workload, timing: Path) -> int:
         run_config = (
-            f"num-params={workload.params} num-rounds={workload.rounds} "
+            f'task="{workload.task}" num-params={workload.params} num-rounds={workload.rounds} '
             f'num-clients={workload.clients} timing-file="{timing}"'
         )
-        out = self._cli(
-            ctx, ["run", str(app_dir), _CONNECTION, "--run-config", run_config, "--format", "json"]
-        )
+        args = ["run", str(app_dir), _CONNECTION, "--run-config", run_config, "--format", "json"]
+        if self.simulation:
+            federation = (
+                f"num-supernodes={workload.clients} "
+                f"client-resources-num-cpus={SIMULATION_CPUS_PER_CLIENT} "
+                "client-resources-num-gpus=0.0"
+            )
+            args += ["--federation-config", federation]
+        out = self._cli(ctx, args)
         try:
             reply = json.loads(out[out.index("{") :])
             return int(reply["run-id"])
@@ -188,6 +227,29 @@ class FlowerSystem(System):
         except (BenchmarkError, ValueError, subprocess.TimeoutExpired):
             return {}
         return traffic_from_ls(reply)
+
+
+class FlowerSimulationSystem(FlowerSystem):
+    """Flower's simulation runtime (Ray backend) for a workload, ``workload.clients`` virtual
+    SuperNodes with :data:`SIMULATION_CPUS_PER_CLIENT` CPU each.
+
+    Memory roles: ``server`` = SuperLink + SuperExec + ``flwr-simulation`` (ServerApp and
+    Ray driver); ``client`` = the largest ``ray::ClientAppActor`` (one actor runs the
+    ClientApps of many virtual clients); ``ray`` = Ray's own daemons (GCS, raylet,
+    dashboard, agents, idle workers), which exist only because of the simulation backend.
+    """
+
+    simulation = True
+    wire_proxy = False
+    memory_roles: ClassVar[Mapping[str, MemoryRole]] = {
+        "server": MemoryRole(frozenset({"superlink", "superexec", "simulation"})),
+        "client": MemoryRole(frozenset({"ray-actor"}), per_process=True),
+        "ray": MemoryRole(frozenset({"ray-infra"})),
+    }
+
+
+def _float_or_none(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def traffic_from_ls(reply: object) -> dict[str, int]:

@@ -1,19 +1,23 @@
-"""geofl as a real deployment on loopback: ``geofl server`` and N ``geofl client`` processes.
+"""geofl on loopback: ``geofl server`` + N ``geofl client`` processes, or ``geofl simulate``.
 
 Per run, in the harness's fresh work directory:
 
 1. :func:`run_yaml` writes ``run.yaml``: ``workload.rounds`` rounds, FedAvg over all
-   ``workload.clients`` clients (every one must report), no evaluation, model
-   ``benchmarks.apps.geofl_echo:make_model``, the server on ``127.0.0.1:{server_port}``,
-   SQLite and checkpoints in the work directory.
-2. ``geofl server -c run.yaml`` (group ``server``) and, once it listens, one
-   ``geofl client --app benchmarks.apps.geofl_echo:client_app`` per site (group
-   ``site-<i>``), dialing the harness's byte proxy. Both get the repository root on
-   ``PYTHONPATH`` (they run in the work directory) and ``GEOFL_BENCH_PARAMS``.
+   ``workload.clients`` clients (every one must report), no evaluation, the task's model
+   (:data:`GEOFL_APPS`), the server on ``127.0.0.1:{server_port}``, SQLite and checkpoints
+   in the work directory.
+2. Deployment: ``geofl server -c run.yaml`` (group ``server``) and, once it listens, one
+   ``geofl client --app <task's app>`` per site (group ``site-<i>``), dialing the
+   harness's byte proxy. Simulation (:class:`GeoflSimulationSystem`): ``geofl simulate -c
+   run.yaml``, which starts the coordinator and the client processes itself and connects
+   them directly. Every process gets the repository root on ``PYTHONPATH`` (they run in
+   the work directory) and ``GEOFL_BENCH_PARAMS``.
 3. Every process must exit 0 by itself (geofl tells clients the run is over).
 4. Rounds come from ``geofl runs show RUN_ID --json`` (the database's select-to-commit
    ``duration_s``, which includes broadcast, training, upload, aggregation and the
-   checkpoint); the final model from the last checkpoint, compared with the initial one.
+   checkpoint, and geofl's own per-round byte counts); the result from the last
+   checkpoint: the ``echo`` model's shift against the initial one, or the ``mlp-digits``
+   model's test accuracy.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -34,6 +38,7 @@ from benchmarks.core import (
     REPO_ROOT,
     SERVER_GROUP,
     BenchmarkError,
+    MemoryRole,
     RoundRecord,
     RunContext,
     System,
@@ -42,13 +47,16 @@ from benchmarks.core import (
     console_script,
     wait_for_port,
 )
+from geofl.protocols.types import Weights
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 __all__ = [
     "GEOFL_APP",
+    "GEOFL_APPS",
     "GEOFL_MODEL",
     "GEOFL_REPO_ROOT",
     "RUN_NAME",
+    "GeoflSimulationSystem",
     "GeoflSystem",
     "checkpoint_dir",
     "final_shift",
@@ -63,6 +71,14 @@ GEOFL_REPO_ROOT = REPO_ROOT
 #: The client app and server model factory for this workload (``module:attr``).
 GEOFL_APP = "benchmarks.apps.geofl_echo:client_app"
 GEOFL_MODEL = "benchmarks.apps.geofl_echo:make_model"
+#: Task -> (client app, server model factory).
+GEOFL_APPS: dict[str, tuple[str, str]] = {
+    "echo": (GEOFL_APP, GEOFL_MODEL),
+    "mlp-digits": (
+        "benchmarks.apps.geofl_digits:client_app",
+        "benchmarks.apps.geofl_digits:make_model",
+    ),
+}
 #: ``run.name`` of every benchmark run (each run has its own database).
 RUN_NAME = "framework-bench"
 
@@ -81,7 +97,7 @@ def run_yaml(workload: Workload, server_port: int, db_path: Path) -> dict[str, A
     """
     return {
         "run": {"name": RUN_NAME, "rounds": workload.rounds, "seed": 0},
-        "model": GEOFL_MODEL,
+        "model": GEOFL_APPS[workload.task][1],
         "strategy": {
             "name": "fedavg",
             "clients_per_round": workload.clients,
@@ -198,12 +214,7 @@ class GeoflSystem(System):
         config = self.write_config(workload, ctx, db_path)
         env = {PARAMS_ENV: str(workload.params), "PYTHONPATH": str(GEOFL_REPO_ROOT)}
         geofl = console_script("geofl")
-        ctx.spawn(SERVER_GROUP, "geofl-server", [geofl, "server", "-c", str(config)], env)
-        wait_for_port(ctx.server_port, timeout_s=300, ctx=ctx)
-        for i in range(workload.clients):
-            argv = [geofl, "client", "--server", f"127.0.0.1:{ctx.client_port}"]
-            argv += ["--app", GEOFL_APP, "--node-config", f"partition-id={i}"]
-            ctx.spawn(f"site-{i}", f"geofl-client-{i}", argv, env)
+        self.launch(workload, ctx, config, env)
         self._wait_for_exit(ctx, workload.timeout_s)
         url = f"sqlite:///{db_path}"
         run_id = _run_id(ctx, geofl, url)
@@ -213,11 +224,28 @@ class GeoflSystem(System):
         run = SystemRun(rounds=rounds_from_runs_show(reply))
         if len(run.rounds) != workload.rounds:
             raise BenchmarkError(f"{len(run.rounds)} rounds recorded, {workload.rounds} planned")
-        run.final_shift = self._final_shift(workload, db_path, run_id)
+        final = self._final_model(db_path, run_id)
+        if workload.task == "echo":
+            run.final_shift = _shift_against_initial(workload.params, final)
+        else:
+            run.accuracy = _digits_accuracy(final)
         run.system_bytes = _system_bytes(reply)
         run.notes["run_id"] = str(run_id)
         run.notes["phase_median_s"] = json.dumps(phase_medians(reply))
         return run
+
+    def launch(
+        self, workload: Workload, ctx: RunContext, config: Path, env: Mapping[str, str]
+    ) -> None:
+        """Start the server, then one client per site once the server listens."""
+        geofl = console_script("geofl")
+        ctx.spawn(SERVER_GROUP, "geofl-server", [geofl, "server", "-c", str(config)], env)
+        wait_for_port(ctx.server_port, timeout_s=300, ctx=ctx)
+        app = GEOFL_APPS[workload.task][0]
+        for i in range(workload.clients):
+            argv = [geofl, "client", "--server", f"127.0.0.1:{ctx.client_port}", "--app", app]
+            argv += ["--node-config", f"partition-id={i}", f"num-partitions={workload.clients}"]
+            ctx.spawn(f"site-{i}", f"geofl-client-{i}", argv, env)
 
     def _wait_for_exit(self, ctx: RunContext, timeout_s: float) -> None:
         """Block until every spawned process exited; any non-zero code is a failure."""
@@ -233,8 +261,8 @@ class GeoflSystem(System):
             f"logs in {ctx.workdir / 'logs'}"
         )
 
-    def _final_shift(self, workload: Workload, db_path: Path, run_id: int) -> float:
-        """Mean shift of the last checkpoint against the seeded initial model."""
+    def _final_model(self, db_path: Path, run_id: int) -> Weights:
+        """The model of the run's last checkpoint."""
         url = f"sqlite:///{db_path}"
         database = open_database(url, migrate=False)
         with database.session() as session:
@@ -243,7 +271,44 @@ class GeoflSystem(System):
                 raise BenchmarkError(f"run {run_id} has no checkpoint in {url}")
             record = CheckpointRecord.from_row(row)
         final, _state = CheckpointStore(checkpoint_dir(db_path)).load(record)
-        return _shift_against_initial(workload.params, final)
+        return dict(final)
+
+
+class GeoflSimulationSystem(GeoflSystem):
+    """``geofl simulate``: the coordinator starts the clients as its own child processes.
+
+    They connect to it directly (no proxy), so bytes are geofl's own per-round counts of
+    encoded model and update bytes. Memory roles: ``server`` = the ``geofl simulate``
+    process, ``client`` = the largest client process.
+    """
+
+    wire_proxy = False
+    memory_roles: ClassVar[Mapping[str, MemoryRole]] = {
+        "server": MemoryRole(frozenset({"geofl-simulate"})),
+        "client": MemoryRole(frozenset({"geofl-client"}), per_process=True),
+    }
+
+    def write_config(self, workload: Workload, ctx: RunContext, db_path: Path) -> Path:
+        """``run.yaml`` plus the ``simulation`` section: the clients and their app."""
+        path = ctx.workdir / "run.yaml"
+        document = run_yaml(workload, ctx.server_port, db_path)
+        document["simulation"] = {"clients": workload.clients, "app": GEOFL_APPS[workload.task][0]}
+        path.write_text(json.dumps(document, indent=2) + "\n")
+        return path
+
+    def launch(
+        self, workload: Workload, ctx: RunContext, config: Path, env: Mapping[str, str]
+    ) -> None:
+        """Start ``geofl simulate``; it starts and stops the clients."""
+        argv = [console_script("geofl"), "simulate", "-c", str(config)]
+        ctx.spawn(SERVER_GROUP, "geofl-simulate", argv, env)
+
+
+def _digits_accuracy(final: Mapping[str, np.ndarray]) -> float:
+    """Test accuracy of an ``mlp-digits`` model; torch is imported only for this task."""
+    from benchmarks.apps import digits_mlp
+
+    return digits_mlp.accuracy(final)
 
 
 def _shift_against_initial(params: int, final: Mapping[str, np.ndarray]) -> float:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from benchmarks.core import (
     REPO_ROOT,
     SERVER_GROUP,
     BenchmarkError,
+    MemoryRole,
     RunContext,
     System,
     SystemRun,
@@ -31,9 +33,15 @@ from benchmarks.core import (
     wait_for_port,
 )
 from benchmarks.metrics import ByteSample, median_or_none, proxy_bytes_per_round
-from benchmarks.procmon import GroupPeaks, ProcessMonitor
+from benchmarks.procmon import GroupPeaks, ProcessMonitor, ProcSample, peak_rss_of_kinds
 
-__all__ = ["read_byte_samples", "run_case", "summarize_case", "write_rss_timeline"]
+__all__ = [
+    "read_byte_samples",
+    "role_peaks_mb",
+    "run_case",
+    "summarize_case",
+    "write_rss_timeline",
+]
 
 _MB = 1e6
 
@@ -80,19 +88,36 @@ def _failed_peaks(peaks: dict[str, GroupPeaks]) -> dict[str, Any]:
     }
 
 
+def role_peaks_mb(
+    samples: Sequence[ProcSample], roles: Mapping[str, MemoryRole]
+) -> dict[str, float | None]:
+    """Peak RSS (MB) of each role; None for a role none of whose processes was seen."""
+    out: dict[str, float | None] = {}
+    for name, role in roles.items():
+        peak = peak_rss_of_kinds(samples, role.kinds, role.per_process)
+        out[name] = peak / _MB if peak else None
+    return out
+
+
 def summarize_case(
     system: str,
     workload: Workload,
     run: SystemRun,
     samples: list[ByteSample],
     peaks: dict[str, GroupPeaks],
+    roles_mb: Mapping[str, float | None] | None = None,
 ) -> dict[str, Any]:
-    """The JSON record of one completed case (sizes in MB = 10^6 bytes, times in s)."""
+    """The JSON record of one completed case (sizes in MB = 10^6 bytes, times in s).
+
+    ``roles_mb``: :func:`role_peaks_mb` for systems that declare memory roles.
+    """
     durations = [r.duration_s for r in run.rounds]
-    per_round = proxy_bytes_per_round(samples, run.rounds) or []
+    # No samples: no proxy (a simulation), so no wire bytes rather than zero bytes.
+    per_round = (proxy_bytes_per_round(samples, run.rounds) or []) if samples else []
     server = peaks.get(SERVER_GROUP, GroupPeaks())
     record: dict[str, Any] = {
         "system": system,
+        "task": workload.task,
         "params": workload.params,
         "clients": workload.clients,
         "rounds": workload.rounds,
@@ -108,24 +133,32 @@ def summarize_case(
         "peak_rss_server_mb": server.peak_sum_rss / _MB if server.pids_seen else None,
         "server_rss_by_kind_mb": {k: v / _MB for k, v in sorted(server.peak_rss_by_kind.items())},
         **_site_peaks(peaks),
+        "peak_rss_roles_mb": dict(roles_mb or {}),
         "payload_mb_per_round": workload.clients * workload.model_bytes / _MB,
         "final_shift": run.final_shift,
         "expected_shift": workload.expected_shift(),
+        "accuracy": run.accuracy,
         "notes": run.notes,
     }
-    expected = workload.expected_shift()
-    if run.final_shift is not None and abs(run.final_shift - expected) > 1e-3:
+    expected, shift = workload.expected_shift(), run.final_shift
+    if expected is not None and shift is None:
+        record["ok"] = False
+        record["error"] = "the system did not report the final model's shift"
+    elif expected is not None and shift is not None and abs(shift - expected) > 1e-3:
         record["ok"] = False
         record["error"] = (
-            f"final model moved by {run.final_shift} on average, expected {expected}: "
+            f"final model moved by {shift} on average, expected {expected}: "
             "updates were lost or duplicated"
         )
     return record
 
 
-def _start_proxy(workdir: Path, listen: int, target: int) -> subprocess.Popen[bytes]:
+def _start_proxy(
+    workdir: Path, listen: int, target: int, interval_s: float
+) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "benchmarks.byteproxy", "--listen", f"127.0.0.1:{listen}"]
     argv += ["--target", f"127.0.0.1:{target}", "--samples", str(workdir / "bytes.jsonl")]
+    argv += ["--interval", str(interval_s)]
     log = (workdir / "byteproxy.log").open("wb")
     with log:
         proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -146,35 +179,47 @@ def run_case(
     workload: Workload,
     keep_workdir: bool = False,
     max_rss_bytes: int | None = None,
+    proxy_interval_s: float = 0.1,
 ) -> dict[str, Any]:
     """Deploy ``system`` for ``workload``, measure it, always clean up; return its record.
 
     A failure becomes a record with ``ok: false`` and the error, so one broken case does
     not lose the others' numbers. With ``max_rss_bytes``, the deployment is killed as soon
-    as its processes together pass that much resident memory (a failed case).
+    as its processes together pass that much resident memory (a failed case). A system
+    without ``wire_proxy`` gets no proxy: its clients reach the server directly and
+    ``client_port`` equals ``server_port``. ``proxy_interval_s`` is the proxy's sampling
+    period: bytes are attributed to rounds at that resolution.
     """
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.name}-{workload.params}-"))
     monitor = ProcessMonitor(0.25, max_rss_bytes)
-    ctx = RunContext(workdir, free_port(), free_port(), monitor)
+    server_port = free_port()
+    client_port = free_port() if system.wire_proxy else server_port
+    ctx = RunContext(workdir, server_port, client_port, monitor)
     load_before = os.getloadavg()
     started = time.monotonic()
-    proxy = _start_proxy(workdir, ctx.client_port, ctx.server_port)
+    proxy = (
+        _start_proxy(workdir, client_port, server_port, proxy_interval_s)
+        if system.wire_proxy
+        else None
+    )
     ctx.monitor.start()
     record: dict[str, Any]
     try:
         run = system.run(workload, ctx)
         peaks = ctx.monitor.stop()
-        record = summarize_case(
-            system.name, workload, run, read_byte_samples(workdir / "bytes.jsonl"), peaks
-        )
+        roles = role_peaks_mb(monitor.samples, system.memory_roles)
+        samples = read_byte_samples(workdir / "bytes.jsonl")
+        record = summarize_case(system.name, workload, run, samples, peaks, roles)
     except (BenchmarkError, NotImplementedError, OSError, subprocess.SubprocessError) as exc:
         peaks = ctx.monitor.stop()
-        record = {"system": system.name, "params": workload.params, "ok": False}
-        record |= {"clients": workload.clients, "rounds": workload.rounds, "error": str(exc)}
-        record |= _failed_peaks(peaks)
+        record = {"system": system.name, "task": workload.task, "params": workload.params}
+        record |= {"ok": False, "clients": workload.clients, "rounds": workload.rounds}
+        record |= {"error": str(exc), **_failed_peaks(peaks)}
+        record["peak_rss_roles_mb"] = role_peaks_mb(monitor.samples, system.memory_roles)
     finally:
         ctx.stop_all()
-        _stop_proxy(proxy)
+        if proxy is not None:
+            _stop_proxy(proxy)
     record["peak_rss_total_mb"] = monitor.peak_total_rss / _MB
     record["wall_s"] = time.monotonic() - started
     record["load_before"] = list(load_before)

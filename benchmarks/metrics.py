@@ -31,24 +31,36 @@ class ByteSample:
     down: int
 
 
+def _optional_int(event: Mapping[str, object], key: str) -> int | None:
+    value = event.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def rounds_from_events(events: Sequence[Mapping[str, object]], rounds: int) -> list[RoundRecord]:
     """Turn ServerApp timing events into round records.
 
     A round runs from its ``round_start`` event to the next round's ``round_start``, the
     last one to the ``end`` event (after the final aggregation). Missing events mean the
-    run did not complete, which is an error, not a shorter run.
+    run did not complete, which is an error, not a shorter run. The system's own byte
+    counts, when logged, come from ``round_start`` (``bytes_down``: what the round sent)
+    and ``round_replies`` (``bytes_up``: what it aggregated).
     """
     starts: dict[int, float] = {}
+    down: dict[int, int | None] = {}
+    up: dict[int, int | None] = {}
     end: float | None = None
     for ev in events:
         kind, t = ev.get("event"), ev.get("t")
         if not isinstance(t, float | int):
             raise BenchmarkError(f"timing event without a numeric 't': {dict(ev)!r}")
-        if kind == "round_start":
+        if kind in ("round_start", "round_replies"):
             number = ev.get("round")
             if not isinstance(number, int):
-                raise BenchmarkError(f"round_start event without an int 'round': {dict(ev)!r}")
-            starts[number] = float(t)
+                raise BenchmarkError(f"{kind} event without an int 'round': {dict(ev)!r}")
+            if kind == "round_start":
+                starts[number], down[number] = float(t), _optional_int(ev, "bytes_down")
+            else:
+                up[number] = _optional_int(ev, "bytes_up")
         elif kind == "end":
             end = float(t)
     missing = [r for r in range(1, rounds + 1) if r not in starts]
@@ -56,7 +68,13 @@ def rounds_from_events(events: Sequence[Mapping[str, object]], rounds: int) -> l
         raise BenchmarkError(f"incomplete timing log: rounds {missing} missing, end={end}")
     bounds = [starts[r] for r in range(1, rounds + 1)] + [end]
     return [
-        RoundRecord(number=r, duration_s=bounds[r] - bounds[r - 1], start_wall=bounds[r - 1])
+        RoundRecord(
+            number=r,
+            duration_s=bounds[r] - bounds[r - 1],
+            start_wall=bounds[r - 1],
+            bytes_up=up.get(r),
+            bytes_down=down.get(r),
+        )
         for r in range(1, rounds + 1)
     ]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import psutil
@@ -23,20 +23,33 @@ __all__ = [
     "ProcessMonitor",
     "classify_cmdline",
     "kill_trees",
+    "peak_rss_of_kinds",
     "sample_once",
     "summarize",
 ]
 
 #: (substring of the command line, kind); first match wins, so specific names come first.
+#: Ray's processes (Flower's simulation backend) appear by their process titles
+#: (``ray::ClientAppActor``, ``ray::IDLE``) or their executables' and scripts' base names.
 _KINDS: tuple[tuple[str, str], ...] = (
     ("flwr-serverapp", "serverapp"),
     ("flwr-clientapp", "clientapp"),
+    ("flwr-simulation", "simulation"),
     ("flower-superexec", "superexec"),
     ("flower-superlink", "superlink"),
     ("flower-supernode", "supernode"),
     ("benchmarks.byteproxy", "byteproxy"),
     ("geofl server", "geofl-server"),
+    ("geofl simulate", "geofl-simulate"),
     ("geofl client", "geofl-client"),
+    ("-m geofl.client", "geofl-client"),
+    ("ray::ClientAppActor", "ray-actor"),
+    ("ray::", "ray-infra"),
+    ("default_worker.py", "ray-infra"),
+    ("gcs_server", "ray-infra"),
+    ("raylet", "ray-infra"),
+    ("dashboard.py", "ray-infra"),
+    ("monitor.py", "ray-infra"),
 )
 
 
@@ -100,6 +113,23 @@ def summarize(samples: Iterable[ProcSample]) -> dict[str, GroupPeaks]:
     for group_name, seen in pids.items():
         peaks[group_name].pids_seen = len(seen)
     return peaks
+
+
+def peak_rss_of_kinds(
+    samples: Iterable[ProcSample], kinds: Collection[str], per_process: bool = False
+) -> int:
+    """Peak RSS (bytes) of the processes of ``kinds``, over all groups.
+
+    ``per_process=False``: the largest sum over those processes at one sampling instant;
+    ``True``: the largest single process. 0 if no such process was seen.
+    """
+    chosen = [s for s in samples if s.kind in kinds]
+    if per_process:
+        return max((s.rss for s in chosen), default=0)
+    sums: dict[float, int] = {}
+    for s in chosen:
+        sums[s.t] = sums.get(s.t, 0) + s.rss
+    return max(sums.values(), default=0)
 
 
 def _tree(root: psutil.Process) -> list[psutil.Process]:

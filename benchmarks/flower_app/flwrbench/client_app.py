@@ -1,7 +1,12 @@
-"""ClientApp: return the received arrays plus ``1 + partition-id``.
+"""ClientApp: the ``task`` run-config value picks what a client does with the model.
 
-Every client's update differs, so content-addressed deduplication in the transport cannot
-skip uploads; there is no training, so the round time is the framework's alone.
+* ``echo``: return the received arrays plus ``1 + partition-id`` (weight 1). Every update
+  differs, so content-addressed deduplication cannot skip uploads, and there is no
+  training: the round time is the framework's alone.
+* ``mlp-digits``: train ``benchmarks.apps.digits_mlp``'s MLP on partition ``partition-id``
+  of ``num-partitions`` (the code the geofl client runs too; the harness puts the
+  repository root on ``PYTHONPATH``). Imported only for this task, so ``echo`` never pays
+  for importing torch.
 """
 
 from __future__ import annotations
@@ -9,18 +14,47 @@ from __future__ import annotations
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-__all__ = ["app"]
+__all__ = ["app", "echo", "mlp_digits"]
 
 app = ClientApp()
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Echo the model shifted by a client-specific constant, weight 1."""
+def echo(received: ArrayRecord, context: Context) -> tuple[ArrayRecord, MetricRecord]:
+    """The model shifted by a client-specific constant, weight 1."""
     shift = 1.0 + float(context.node_config["partition-id"])
-    received = msg.content.array_records["arrays"]
     updated = ArrayRecord(
         {name: Array(arr.numpy() + arr.numpy().dtype.type(shift)) for name, arr in received.items()}
     )
-    reply = RecordDict({"arrays": updated, "metrics": MetricRecord({"num-examples": 1})})
+    return updated, MetricRecord({"num-examples": 1})
+
+
+def mlp_digits(
+    received: ArrayRecord, context: Context, server_round: int
+) -> tuple[ArrayRecord, MetricRecord]:
+    """Local training of the shared digits MLP, weighted by the partition's size."""
+    from benchmarks.apps import digits_mlp
+
+    weights, examples, loss = digits_mlp.train(
+        {name: arr.numpy() for name, arr in received.items()},
+        int(context.node_config["partition-id"]),
+        int(context.node_config["num-partitions"]),
+        server_round,
+    )
+    arrays = ArrayRecord({name: Array(arr) for name, arr in weights.items()})
+    return arrays, MetricRecord({"num-examples": examples, "train-loss": loss})
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Run the configured task on the received model and reply with the result."""
+    received = msg.content.array_records["arrays"]
+    task = str(context.run_config["task"])
+    if task == "echo":
+        arrays, metrics = echo(received, context)
+    elif task == "mlp-digits":
+        server_round = int(str(msg.content.config_records["config"]["server-round"]))
+        arrays, metrics = mlp_digits(received, context, server_round)
+    else:
+        raise ValueError(f"unknown task {task!r} in the run config; expected echo or mlp-digits")
+    reply = RecordDict({"arrays": arrays, "metrics": metrics})
     return Message(content=reply, reply_to=msg)

@@ -1,31 +1,47 @@
-"""ServerApp: stock message-API FedAvg over all nodes, logging round boundaries.
+"""ServerApp: stock message-API FedAvg over all nodes, logging round boundaries and bytes.
 
 Round time is measured here, inside the ServerApp, from ``configure_train`` of round r
 (after node sampling, so round 1 does not include waiting for SuperNodes to register) to
 ``configure_train`` of round r + 1; the last round ends when ``Strategy.start`` returns.
 Events go as JSON lines to the ``timing-file`` run-config path, with wall-clock times so
-the harness can attribute proxy byte counts to rounds.
+the harness can attribute proxy byte counts to rounds. Each round also records the
+serialized array bytes of the messages it sent (``bytes_down``) and of the replies it
+aggregated (``bytes_up``): Flower's own payload, the only byte count a simulation has.
+
+The ``task`` run-config value picks the model: ``echo`` (one seeded tensor ``w`` of
+``num-params`` values; the end event carries the final model's mean shift) or
+``mlp-digits`` (the shared digits MLP; the end event carries its test accuracy).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-__all__ = ["TimedFedAvg", "app", "initial_model"]
+__all__ = ["TimedFedAvg", "app", "array_bytes", "initial_model"]
 
 app = ServerApp()
 
 
+def array_bytes(messages: Iterable[Message]) -> int:
+    """Serialized bytes of every array in the messages' ``arrays`` records."""
+    total = 0
+    for msg in messages:
+        if msg.has_content() and "arrays" in msg.content.array_records:
+            total += sum(len(arr.data) for arr in msg.content.array_records["arrays"].values())
+    return total
+
+
 class TimedFedAvg(FedAvg):
     """Stock FedAvg over all ``clients`` nodes (no federated evaluation) that appends a
-    ``round_start`` event when a round's messages are built."""
+    ``round_start`` event when a round's messages are built and a ``round_replies`` event
+    when its replies reach aggregation."""
 
     def __init__(self, timing_file: str, clients: int) -> None:
         super().__init__(
@@ -46,8 +62,23 @@ class TimedFedAvg(FedAvg):
     ) -> Iterable[Message]:
         """Build the round's messages (FedAvg), then mark the round start."""
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        self.log_event("round_start", round=server_round, nodes=len(messages))
+        self.log_event(
+            "round_start", round=server_round, nodes=len(messages), bytes_down=array_bytes(messages)
+        )
         return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Record the replies' payload, then aggregate them (FedAvg)."""
+        received = list(replies)
+        self.log_event(
+            "round_replies",
+            round=server_round,
+            replies=len(received),
+            bytes_up=array_bytes(received),
+        )
+        return super().aggregate_train(server_round, received)
 
 
 def initial_model(params: int) -> np.ndarray:
@@ -60,18 +91,43 @@ def initial_model(params: int) -> np.ndarray:
     return np.random.default_rng(0).standard_normal(params, dtype=np.float32)
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Run FedAvg on a ``num-params`` float32 model (one tensor ``w``); log the final shift.
+def _run_echo(strategy: TimedFedAvg, grid: Grid, cfg: Mapping[str, object]) -> None:
+    """Echo task; ``final_shift`` = mean(final - initial) in float64.
 
-    ``final_shift`` = mean(final - initial) in float64; with every client adding
-    ``1 + partition-id`` at weight 1 it must equal ``rounds * (1 + (clients - 1) / 2)``.
+    With every client adding ``1 + partition-id`` at weight 1 it must equal
+    ``rounds * (1 + (clients - 1) / 2)``.
     """
-    cfg = context.run_config
-    strategy = TimedFedAvg(str(cfg["timing-file"]), int(cfg["num-clients"]))
-    strategy.log_event("main_start")
-    start = initial_model(int(cfg["num-params"]))
+    start = initial_model(int(str(cfg["num-params"])))
     initial = ArrayRecord({"w": Array(start)})
-    result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=int(cfg["num-rounds"]))
+    result = strategy.start(
+        grid=grid, initial_arrays=initial, num_rounds=int(str(cfg["num-rounds"]))
+    )
     shift = result.arrays["w"].numpy().astype(np.float64) - start.astype(np.float64)
     strategy.log_event("end", final_shift=float(shift.mean()))
+
+
+def _run_mlp_digits(strategy: TimedFedAvg, grid: Grid, cfg: Mapping[str, object]) -> None:
+    """Digits MLP task; the final global model's test accuracy goes into the end event."""
+    from benchmarks.apps import digits_mlp
+
+    initial = ArrayRecord({k: Array(v) for k, v in digits_mlp.initial_weights().items()})
+    result = strategy.start(
+        grid=grid, initial_arrays=initial, num_rounds=int(str(cfg["num-rounds"]))
+    )
+    final = {name: arr.numpy() for name, arr in result.arrays.items()}
+    strategy.log_event("end", accuracy=digits_mlp.accuracy(final))
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run FedAvg for the configured task and log its outcome."""
+    cfg = dict(context.run_config)
+    strategy = TimedFedAvg(str(cfg["timing-file"]), int(str(cfg["num-clients"])))
+    strategy.log_event("main_start")
+    task = str(cfg["task"])
+    if task == "echo":
+        _run_echo(strategy, grid, cfg)
+    elif task == "mlp-digits":
+        _run_mlp_digits(strategy, grid, cfg)
+    else:
+        raise ValueError(f"unknown task {task!r} in the run config; expected echo or mlp-digits")
