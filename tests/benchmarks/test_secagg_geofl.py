@@ -200,8 +200,8 @@ def test_record_key_separates_variants() -> None:
 
 
 def test_stage_task_bytes_grow_with_the_degree() -> None:
-    small = stage_task_bytes(effective_params(secure_section("matched", _case()) or {}, 50))
-    full = stage_task_bytes(effective_params(secure_section("full", _case()) or {}, 50))
+    small = stage_task_bytes(secure_section("matched", _case()) or {}, 50)
+    full = stage_task_bytes(secure_section("full", _case()) or {}, 50)
     assert set(small) == {"advertise", "share", "inbox", "unmask"}
     assert small["advertise"] == full["advertise"]  # the setup does not depend on the graph
     assert full["share"] - small["share"] > (49 - 4) * 64  # two 32-byte keys per neighbour
