@@ -153,17 +153,18 @@ async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[tup
         if simulate:
             processes = _start_simulation(config, port)
         result = await coordinator.run()
-        codes = [(name, await asyncio.to_thread(_wait, p)) for name, p in processes]
+        codes = [(name, await asyncio.to_thread(wait_for_exit, p)) for name, p in processes]
         return result, codes
     finally:
         for _, process in processes:
             if process.poll() is None:
                 process.terminate()
-                await asyncio.to_thread(_wait, process)
+                await asyncio.to_thread(wait_for_exit, process)
         await coordinator.stop()
 
 
-def _wait(process: subprocess.Popen[bytes]) -> int:
+def wait_for_exit(process: subprocess.Popen[bytes]) -> int:
+    """The exit code of a child process, killing it if it does not exit in time."""
     try:
         return process.wait(timeout=_CLIENT_EXIT_WAIT_S)
     except subprocess.TimeoutExpired:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.cli.serve import console, round_reporter
+from geofl.server.cli.serve import console, round_reporter, wait_for_exit
 from geofl.server.config import ConfigError
 from geofl.server.coordinator import AddressInUseError, RunResult
 from geofl.server.flower.app_dir import (
@@ -36,7 +36,6 @@ from geofl.storage import StorageUnavailableError
 
 __all__ = ["client_command", "run_flower"]
 
-_CLIENT_EXIT_WAIT_S = 30.0
 _WATCH_S = 0.5
 
 
@@ -134,7 +133,7 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
         result = await coordinator.run()
         if watcher is not None:
             watcher.cancel()
-        codes = [await asyncio.to_thread(_wait, p) for p in clients]
+        codes = [await asyncio.to_thread(wait_for_exit, p) for p in clients]
         return result, codes
     finally:
         if watcher is not None:
@@ -142,16 +141,8 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
         for process in clients:
             if process.poll() is None:
                 process.terminate()
-                await asyncio.to_thread(_wait, process)
+                await asyncio.to_thread(wait_for_exit, process)
         await coordinator.stop()
-
-
-def _wait(process: subprocess.Popen[bytes]) -> int:
-    try:
-        return process.wait(timeout=_CLIENT_EXIT_WAIT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
 
 
 def _run_until_signal(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:

@@ -19,7 +19,6 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -31,8 +30,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar
-from geofl.server.config import ServerConfig
-from geofl.server.coordinator import AddressInUseError, RunResult
+from geofl.server.coordinator import AddressInUseError, RunResult, start_grpc_server
 from geofl.server.engine import RoundRecord
 from geofl.server.flower.app_dir import ConfigValue, FlowerApp
 from geofl.server.flower.config import FlowerRunConfig
@@ -42,47 +40,15 @@ from geofl.server.flower.recording import RoundBook
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import Registry
 from geofl.server.spool import MemoryBudget
-from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
+from geofl.server.transport import ServerState
 from geofl.storage import Database, open_database, queries
 
-__all__ = ["FlowerCoordinator", "serve_grpc"]
+__all__ = ["FlowerCoordinator"]
 
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 10.0
 _ROUNDS_KEY = "num-server-rounds"
-
-
-async def serve_grpc(state: ServerState, config: ServerConfig) -> tuple[grpc.aio.Server, int]:
-    """A started gRPC server for ``state`` on ``config.address``; returns it and its port.
-
-    Raises
-    ------
-    AddressInUseError
-        If the address cannot be bound.
-    """
-    server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", 8 << 20),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ]
-    )
-    add_to_server(CoordinatorServicer(state), server)
-    try:
-        if config.tls is None:
-            port = server.add_insecure_port(config.address)
-        else:
-            key, cert = Path(config.tls.key).read_bytes(), Path(config.tls.cert).read_bytes()
-            port = server.add_secure_port(
-                config.address, grpc.ssl_server_credentials([(key, cert)])
-            )
-    except RuntimeError as exc:
-        raise AddressInUseError(f"cannot listen on {config.address}: {exc}") from exc
-    if port == 0:
-        raise AddressInUseError(f"cannot listen on {config.address}: address already in use")
-    await server.start()
-    return server, port
 
 
 class FlowerCoordinator:
@@ -174,7 +140,7 @@ class FlowerCoordinator:
         tune_allocator()
         self.run_id = self._state.run_id = self._create_run()
         try:
-            self._server, self.port = await serve_grpc(self._state, self.settings.server)
+            self._server, self.port = await start_grpc_server(self._state, self.settings.server)
         except AddressInUseError as exc:
             with self.db.session() as session:
                 queries.finish_run(session, self.run_id, "failed", str(exc))
