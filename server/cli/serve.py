@@ -9,7 +9,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 from rich.console import Console
 
@@ -24,6 +25,7 @@ from geofl.storage import StorageUnavailableError
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 _CLIENT_EXIT_WAIT_S = 30.0
+T = TypeVar("T")
 
 
 def _fmt_metrics(metrics: dict[str, object]) -> str:
@@ -277,14 +279,20 @@ def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, lis
     down by the interpreter later.
     """
 
-    async def main() -> tuple[RunResult, list[tuple[str, int]]]:
+    return run_until_signal(lambda: _serve(config, simulate))
+
+
+def run_until_signal(work: Callable[[], Awaitable[T]]) -> T:
+    """Run ``work()`` on a new event loop; SIGINT and SIGTERM cancel it (KeyboardInterrupt)."""
+
+    async def main() -> T:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - asyncio.run always runs main() as a task
             raise RuntimeError("no current task")
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, task.cancel)
-        return await _serve(config, simulate)
+        return await work()
 
     try:
         return asyncio.run(main())

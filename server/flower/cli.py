@@ -11,14 +11,13 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.cli.serve import console, round_reporter, wait_for_exit
+from geofl.server.cli.serve import console, round_reporter, run_until_signal, wait_for_exit
 from geofl.server.config import ConfigError
 from geofl.server.coordinator import AddressInUseError, RunResult
 from geofl.server.flower.app_dir import (
@@ -148,19 +147,7 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
 def _run_until_signal(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
     """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt)."""
 
-    async def main() -> tuple[RunResult, list[int]]:
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task()
-        if task is None:  # pragma: no cover - asyncio.run always runs main() as a task
-            raise RuntimeError("no current task")
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, task.cancel)
-        return await _serve(plan, simulate)
-
-    try:
-        return asyncio.run(main())
-    except asyncio.CancelledError:
-        raise KeyboardInterrupt from None
+    return run_until_signal(lambda: _serve(plan, simulate))
 
 
 def _plan(args: argparse.Namespace, simulate: bool) -> _Plan:
