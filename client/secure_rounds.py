@@ -108,7 +108,9 @@ class SecureRounds:
             corrected[name] = values
         vector = projection.project(corrected, spec)
         sent = projection.lift(vector, spec)
-        self._residual = {name: corrected[name] - sent[name] for name in corrected}
+        # Tensors sent whole leave no residual: keep only the projected ones' remainders.
+        projected = [part.name for part in projection.layout(spec) if part.projected]
+        self._residual = {name: corrected[name] - sent[name] for name in projected}
         return vector
 
     def unmask(self, task: pb.Task) -> pb.SecAggResult:

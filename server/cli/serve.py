@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
 from rich.console import Console
@@ -61,7 +61,21 @@ def client_command(
 ) -> list[str]:
     """Command line of simulated client ``index`` (connecting to ``port``, in ``region``)."""
     sim = config.simulation
-    node_config = {**sim.node_config, "partition-id": index, "num-partitions": sim.clients}
+    return simulated_client_command(
+        str(sim.app), port, index, sim.clients, dict(sim.node_config), region
+    )
+
+
+def simulated_client_command(
+    app: str,
+    port: int,
+    index: int,
+    clients: int,
+    node_config: Mapping[str, object],
+    region: str | None = None,
+) -> list[str]:
+    """``geofl client`` for partition ``index`` of ``clients``, running ``app``."""
+    node_config = {**node_config, "partition-id": index, "num-partitions": clients}
     pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
     return [
         sys.executable,
@@ -70,7 +84,7 @@ def client_command(
         "--server",
         f"127.0.0.1:{port}",
         "--app",
-        str(sim.app),
+        app,
         "--name",
         f"sim-{index}",
         "--reconnect-for",
@@ -320,4 +334,11 @@ def _fail(code: ExitCode, message: str) -> int:
     return int(code)
 
 
-__all__ = ["client_command", "client_regions", "relay_command", "round_reporter", "run_serve"]
+__all__ = [
+    "client_command",
+    "client_regions",
+    "relay_command",
+    "round_reporter",
+    "run_serve",
+    "simulated_client_command",
+]

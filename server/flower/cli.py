@@ -12,12 +12,17 @@ import asyncio
 import logging
 import os
 import subprocess
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.cli.serve import console, round_reporter, run_until_signal, wait_for_exit
+from geofl.server.cli.serve import (
+    console,
+    round_reporter,
+    run_until_signal,
+    simulated_client_command,
+    wait_for_exit,
+)
 from geofl.server.config import ConfigError
 from geofl.server.coordinator import AddressInUseError, RunResult
 from geofl.server.flower.app_dir import (
@@ -59,27 +64,8 @@ def _client_count(settings: FlowerRunConfig, app: FlowerApp) -> int:
 
 def client_command(plan: _Plan, port: int, index: int) -> list[str]:
     """Command line of simulated client ``index``."""
-    node_config = {
-        **plan.settings.simulation.node_config,
-        "partition-id": index,
-        "num-partitions": plan.clients,
-    }
-    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
-    return [
-        sys.executable,
-        "-m",
-        "geofl.client",
-        "--server",
-        f"127.0.0.1:{port}",
-        "--app",
-        plan.app.clientapp,
-        "--name",
-        f"sim-{index}",
-        "--reconnect-for",
-        "60",
-        "--node-config",
-        *pairs,
-    ]
+    node_config = dict(plan.settings.simulation.node_config)
+    return simulated_client_command(plan.app.clientapp, port, index, plan.clients, node_config)
 
 
 def _client_env(app: FlowerApp) -> dict[str, str]:
