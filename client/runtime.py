@@ -17,12 +17,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from geofl.client.app import Client, ClientContext
 from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
 from geofl.client.secure_rounds import SecureRounds
+from geofl.client.work import evaluate_model, fit_update, reported_loss
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import (
     DEFAULT_CHUNK_BYTES,
@@ -34,8 +33,6 @@ from geofl.protocols.tensors import (
     MASKED_TENSOR,
     Difference,
     Tensorish,
-    check_matches,
-    spec_of,
 )
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
@@ -275,15 +272,11 @@ class ClientRuntime:
     ) -> dict[str, Difference]:
         if self._client is None:
             raise RuntimeError("no client app")
-        params = {k: v.copy() for k, v in global_weights.items()}
-        new, num_examples, metrics = self._client.fit(params, config)
-        new = {k: np.asarray(v) for k, v in new.items()}
-        check_matches(spec_of(global_weights), new)
+        update = fit_update(self._client, global_weights, config)
         header.update_kind = pb.UPDATE_KIND_DELTA
-        header.num_examples = int(num_examples)
-        _fill_metrics(header, metrics)
-        # Differences are computed chunk by chunk while sending: no third copy of the model.
-        return {name: Difference(new[name], base) for name, base in global_weights.items()}
+        header.num_examples = update.num_examples
+        _fill_metrics(header, update.metrics)
+        return update.delta
 
     def _secure_stage(self, task: pb.Task) -> pb.SecAggResult:
         if task.kind == pb.TASK_KIND_SECAGG_ADVERTISE:
@@ -323,19 +316,18 @@ class ClientRuntime:
     ) -> None:
         if self._client is None:
             raise RuntimeError("no client app")
-        params = {k: v.copy() for k, v in global_weights.items()}
-        loss, num_examples, metrics = self._client.evaluate(params, config)
+        result = evaluate_model(self._client, global_weights, config)
         header.update_kind = pb.UPDATE_KIND_NONE
-        header.num_examples = int(num_examples)
-        header.loss = float(loss)
-        _fill_metrics(header, metrics)
+        header.num_examples = result.num_examples
+        header.loss = result.loss
+        _fill_metrics(header, result.metrics)
 
 
 def _fill_metrics(header: pb.UploadHeader, metrics: dict[str, Scalar]) -> None:
     fill_scalar_map(header.metrics, {str(k): v for k, v in metrics.items()})
-    loss = metrics.get("train_loss", metrics.get("loss"))
-    if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-        header.loss = float(loss)
+    loss = reported_loss(metrics)
+    if loss is not None:
+        header.loss = loss
 
 
 __all__ = ["Backoff", "ClientOptions", "ClientRuntime", "GaveUpError"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
+from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
@@ -163,13 +164,18 @@ class Coordinator:
         config: RunConfig,
         *,
         on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+        clock: Clock = WALL_CLOCK,
+        listen: bool = True,
     ) -> None:
+        """``listen=False`` serves no gRPC: the clients are simulated in process."""
         self.config = config
+        self.clock = clock
+        self._listen = listen
         self._on_round_end = on_round_end
         self.db: Database = open_database(config.storage.url)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
-        self.registry = Registry(config.server.heartbeat_interval_s)
+        self.registry = Registry(config.server.heartbeat_interval_s, clock=clock)
         self.weights, self.run_id, self.start_round = self._resume_or_create()
         size = model_bytes(spec_of(self.weights))
         if size > config.server.max_model_bytes:
@@ -203,7 +209,14 @@ class Coordinator:
         with self.db.session() as session:
             run = queries.find_resumable_run(session, cfg.run.name, cfg.config_sha256())
             if run is None:
-                run = queries.create_run(session, cfg.run.name, cfg.to_dict(), cfg.run.rounds)
+                run = queries.create_run(
+                    session,
+                    cfg.run.name,
+                    cfg.to_dict(),
+                    cfg.run.rounds,
+                    simulated_clock=self.clock.simulated,
+                    now=self.clock.now(),
+                )
                 return load_initial_weights(cfg.model), run.id, 1
             run_id, last = run.id, run.last_committed_round
             checkpoint = queries.latest_checkpoint(session, run_id)
@@ -227,7 +240,23 @@ class Coordinator:
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         with self.db.session() as session:
-            return queries.upsert_node(session, self.run_id, name, region, dict(node_config)).id
+            return queries.upsert_node(
+                session, self.run_id, name, region, dict(node_config), now=self.clock.now()
+            ).id
+
+    def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
+        """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
+        now = self.clock.now()
+        with self.db.session() as session:
+            return [
+                queries.upsert_node(session, self.run_id, name, region, {}, now=now).id
+                for name, region in nodes
+            ]
+
+    @property
+    def models(self) -> ModelStore:
+        """The published model versions (what clients download)."""
+        return self._state.models
 
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
@@ -240,7 +269,7 @@ class Coordinator:
 
     async def run(self) -> RunResult:
         """Run the remaining rounds, then shut every client down."""
-        if self._server is None:
+        if self._server is None and self._listen:
             await self.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
         engine = RoundEngine(
@@ -249,7 +278,11 @@ class Coordinator:
             self.strategy,
             self._state.models,
             DatabaseRecorder(
-                self.db, self.store, self.run_id, self.config.storage.keep_checkpoints
+                self.db,
+                self.store,
+                self.run_id,
+                self.config.storage.keep_checkpoints,
+                clock=self.clock,
             ),
             start_round=self.start_round,
             global_weights=self.weights,
@@ -261,6 +294,7 @@ class Coordinator:
             on_round_end=self._on_round_end,
             upload_plan=self._upload_plan,
             secure=secure_settings(self.config.secure_aggregation, self.run_id),
+            clock=self.clock,
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
         status, error = "completed", None
@@ -271,12 +305,16 @@ class Coordinator:
         finally:
             reaper.cancel()
         with self.db.session() as session:
-            queries.finish_run(session, self.run_id, status, error)
+            queries.finish_run(session, self.run_id, status, error, now=self.clock.now())
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
 
     async def _shutdown_clients(self) -> None:
         """Tell every online client the run is over, then stop serving."""
+        if not self._listen:
+            self.registry.finished.set()
+            await self.stop()
+            return
         await shutdown_clients(self.registry)
         await self.stop()
 

@@ -24,7 +24,6 @@ import contextlib
 import enum
 import logging
 import random
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +34,7 @@ from geofl.protocols.secagg import SecAggAbortError, SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
 from geofl.server.secagg import SecAggServer
@@ -162,8 +162,10 @@ class RoundEngine:
         on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
         upload_plan: Callable[[str | None], UploadPlan | None] = lambda region: None,
         secure: SecureSettings | None = None,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
         self._cfg = settings
+        self._clock = clock
         self._registry = registry
         self._strategy = strategy
         self._models = models
@@ -207,7 +209,7 @@ class RoundEngine:
         return record
 
     async def _round(self, record: RoundRecord) -> None:
-        clock = _PhaseClock(record, self._recorder)
+        clock = _PhaseClock(record, self._recorder, self._clock)
         clock.enter(Phase.SELECT)
         cohort = await self._select(record.number)
         fit = self._secure_fit if self._secure is not None else self._plain_fit
@@ -393,13 +395,13 @@ class RoundEngine:
 
     async def _select(self, number: int) -> list[NodeSession]:
         need = self._cfg.min_clients
-        deadline = time.monotonic() + self._cfg.wait_for_clients_s
+        deadline = self._clock.monotonic() + self._cfg.wait_for_clients_s
         while True:
             self._registry.expire()
             available = self._registry.available()
             if len(available) >= need:
                 break
-            remaining = deadline - time.monotonic()
+            remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 raise NoClientsError(
                     f"round {number}: {len(available)} clients available after waiting "
@@ -420,11 +422,11 @@ class RoundEngine:
 
         Without this the first round of a run would start with whoever joined first.
         """
-        grace_end = min(deadline, time.monotonic() + SELECT_GRACE_S)
-        while len(available) < target and time.monotonic() < grace_end:
+        grace_end = min(deadline, self._clock.monotonic() + SELECT_GRACE_S)
+        while len(available) < target and self._clock.monotonic() < grace_end:
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), grace_end - time.monotonic())
+                await asyncio.wait_for(self._changed.wait(), grace_end - self._clock.monotonic())
             self._registry.expire()
             available = self._registry.available()
         return available
@@ -440,7 +442,7 @@ class RoundEngine:
         secagg: Callable[[NodeSession], pb.SecAggTask] | None = None,
         deadline_s: float | None = None,
     ) -> list[TaskRecord]:
-        deadline = time.time() + (deadline_s or self._cfg.deadline_s)
+        deadline = self._clock.time() + (deadline_s or self._cfg.deadline_s)
         config = {**config, "server_round": number}
         plain_fit = kind == "fit" and secagg is None
         return [
@@ -462,7 +464,7 @@ class RoundEngine:
             asyncio.ensure_future(_first(t.downloaded.wait(), asyncio.shield(t.future)))
             for t in tasks
         ]
-        timeout = max(0.0, min(t.deadline for t in tasks) - time.time()) if tasks else 0.0
+        timeout = max(0.0, min(t.deadline for t in tasks) - self._clock.time()) if tasks else 0.0
         _, pending = await asyncio.wait(waits, timeout=timeout)
         for waiter in pending:
             waiter.cancel()
@@ -474,11 +476,11 @@ class RoundEngine:
         on_ok: Callable[[TaskRecord, Outcome], Awaitable[Outcome]] | None = None,
     ) -> list[Outcome]:
         """Settle every task (result, failure or deadline); ``on_ok`` takes good results."""
-        deadline = max((t.deadline for t in tasks), default=time.time())
+        deadline = max((t.deadline for t in tasks), default=self._clock.time())
         successes: list[Outcome] = []
         pending = {t.future: t for t in tasks}
         while pending:
-            timeout = deadline - time.time()
+            timeout = deadline - self._clock.time()
             done, _ = await asyncio.wait(
                 pending, timeout=max(timeout, 0.0), return_when=asyncio.FIRST_COMPLETED
             )
@@ -538,11 +540,12 @@ class RoundEngine:
 class _PhaseClock:
     """Enforces legal transitions and times each phase."""
 
-    def __init__(self, record: RoundRecord, recorder: Recorder) -> None:
+    def __init__(self, record: RoundRecord, recorder: Recorder, clock: Clock) -> None:
         self._record = record
         self._recorder = recorder
+        self._clock = clock
         self._phase: Phase | None = None
-        self._since = time.monotonic()
+        self._since = clock.monotonic()
 
     def enter(self, phase: Phase) -> None:
         if self._phase is not None and phase not in _NEXT[self._phase]:
@@ -553,7 +556,7 @@ class _PhaseClock:
 
     def stop(self) -> float | None:
         """Close the current phase's timer; its seconds, if a phase was open."""
-        now = time.monotonic()
+        now = self._clock.monotonic()
         elapsed = None
         if self._phase is not None:
             key = self._phase.value

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 
+from sqlalchemy.orm import Session
+
 from geofl.protocols.types import WeightsView
+from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.engine import Phase, Recorder, RoundRecord
 from geofl.server.registry import Outcome, TaskRecord
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
@@ -24,7 +27,13 @@ class DatabaseRecorder(Recorder):
         store: CheckpointStore,
         run_id: int,
         keep: int | None = None,
+        clock: Clock = WALL_CLOCK,
     ) -> None:
+        self._clock = clock
+        #: Participations wait here and are written in one transaction at the next phase
+        #: change, commit or failure: a thousand clients settling in a round would
+        #: otherwise be a thousand transactions on the event loop.
+        self._pending: list[dict[str, object]] = []
         self._db = db
         self._store = store
         self._run_id = run_id
@@ -33,13 +42,16 @@ class DatabaseRecorder(Recorder):
 
     def round_started(self, number: int, cohort_target: int) -> None:
         with self._db.session() as session:
-            row = queries.start_round(session, self._run_id, number, cohort_target)
+            row = queries.start_round(
+                session, self._run_id, number, cohort_target, now=self._clock.now()
+            )
             self._round_ids[number] = row.id
 
     def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
         if phase is Phase.FAILED:
             return
         with self._db.session() as session:
+            self._write_pending(session)
             queries.set_round_phase(
                 session,
                 self._round_ids[number],
@@ -48,13 +60,12 @@ class DatabaseRecorder(Recorder):
             )
 
     def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
-        finished = dt.datetime.now(dt.UTC)
+        finished = self._clock.now()
         started = _utc(task.started_at or task.issued_at)
-        with self._db.session() as session:
-            queries.record_participation(
-                session,
-                self._round_ids[number],
-                task.node_id,
+        self._pending.append(
+            dict(
+                round_id=self._round_ids[number],
+                node_id=task.node_id,
                 task_id=task.task_id,
                 kind=task.kind,
                 status=outcome.status,
@@ -71,12 +82,19 @@ class DatabaseRecorder(Recorder):
                 started_at=started,
                 finished_at=finished,
             )
+        )
+
+    def _write_pending(self, session: Session) -> None:
+        pending, self._pending = self._pending, []
+        for values in pending:
+            queries.record_participation(session, **values)  # type: ignore[arg-type]
 
     async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
         checkpoint = await asyncio.to_thread(
             self._store.save, self._run_id, record.number, weights, state
         )
         with self._db.session() as session:
+            self._write_pending(session)
             queries.commit_round(
                 session,
                 self._round_ids[record.number],
@@ -87,6 +105,7 @@ class DatabaseRecorder(Recorder):
                 eval_metrics=dict(record.eval_metrics),
                 server_eval_loss=record.server_eval_loss,
                 server_eval_metrics=dict(record.server_eval_metrics),
+                now=self._clock.now(),
             )
         if self._keep is not None:
             await asyncio.to_thread(self._prune, self._keep)
@@ -104,7 +123,10 @@ class DatabaseRecorder(Recorder):
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
         with self._db.session() as session:
-            queries.fail_round(session, self._round_ids[record.number], reason)
+            self._write_pending(session)
+            queries.fail_round(
+                session, self._round_ids[record.number], reason, now=self._clock.now()
+            )
 
 
 __all__ = ["DatabaseRecorder"]

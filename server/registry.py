@@ -18,6 +18,7 @@ from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Config, Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.server.clock import WALL_CLOCK, Clock
 
 #: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
 #: :mod:`geofl.server.flower`).
@@ -64,7 +65,7 @@ class TaskRecord:
     config: Config
     deadline: float  # time.time() seconds
     future: asyncio.Future[Outcome]
-    issued_at: float = field(default_factory=time.time)
+    issued_at: float = 0.0
     started_at: float | None = None
     upload: UploadPlan | None = None
     #: Secure-aggregation stage input; on a fit task it makes the upload a masked one.
@@ -92,7 +93,7 @@ class NodeSession:
     region: str | None
     node_config: dict[str, Scalar]
     token: str
-    last_seen: float = field(default_factory=time.monotonic)
+    last_seen: float = 0.0  # Registry.clock.monotonic() of the last contact
     mailbox: asyncio.Queue[TaskRecord] = field(default_factory=asyncio.Queue)
     current: TaskRecord | None = None
     online: bool = True
@@ -101,7 +102,14 @@ class NodeSession:
 class Registry:
     """Sessions by token, tasks by id, and liveness."""
 
-    def __init__(self, heartbeat_interval_s: float, patience: int = 3) -> None:
+    def __init__(
+        self, heartbeat_interval_s: float, patience: int = 3, clock: Clock = WALL_CLOCK
+    ) -> None:
+        self.clock = clock
+        #: Nodes whose presence is simulated (no heartbeats): online while this says so.
+        self.presence: Callable[[NodeSession], bool] | None = None
+        #: Called with each task handed out (virtual clients pick their tasks up here).
+        self.on_assign: Callable[[NodeSession, TaskRecord], None] | None = None
         self.heartbeat_interval_s = heartbeat_interval_s
         self._patience = patience
         self._by_token: dict[str, NodeSession] = {}
@@ -121,7 +129,7 @@ class Registry:
             self._by_token.pop(old.token, None)
             self._drop_current(old, "node re-joined")
         token = secrets.token_urlsafe(24)
-        session = NodeSession(node_id, name, region, config, token)
+        session = NodeSession(node_id, name, region, config, token, self.clock.monotonic())
         self._by_token[token] = session
         self._by_id[node_id] = session
         self.on_change()
@@ -132,7 +140,7 @@ class Registry:
         session = self._by_token.get(token or "")
         if session is None or not session.online:
             raise SessionError("unknown node session; join again")
-        session.last_seen = time.monotonic()
+        session.last_seen = self.clock.monotonic()
         return session
 
     def available(self) -> list[NodeSession]:
@@ -144,14 +152,36 @@ class Registry:
         return [s for s in self._by_id.values() if s.online]
 
     def expire(self) -> list[NodeSession]:
-        """Mark nodes that missed ``patience`` heartbeats offline; return them."""
-        limit = time.monotonic() - self._patience * self.heartbeat_interval_s
+        """Mark nodes that missed ``patience`` heartbeats offline; return them.
+
+        With :attr:`presence` set (simulated nodes), a node is online exactly while
+        ``presence`` says so, and one that comes back is online again.
+        """
+        if self.presence is not None:
+            return self._apply_presence(self.presence)
+        limit = self.clock.monotonic() - self._patience * self.heartbeat_interval_s
         gone = [s for s in self._by_id.values() if s.online and s.last_seen < limit]
         for session in gone:
             session.online = False
             self._by_token.pop(session.token, None)
             self._drop_current(session, "node stopped sending heartbeats")
         if gone:
+            self.on_change()
+        return gone
+
+    def _apply_presence(self, presence: Callable[[NodeSession], bool]) -> list[NodeSession]:
+        gone: list[NodeSession] = []
+        changed = False
+        for session in self._by_id.values():
+            here = presence(session)
+            if here == session.online:
+                continue
+            changed = True
+            session.online = here
+            if not here:
+                gone.append(session)
+                self._drop_current(session, "node went offline (availability trace)")
+        if changed:
             self.on_change()
         return gone
 
@@ -192,12 +222,16 @@ class Registry:
             loop.create_future(),
             upload=upload,
             secagg=secagg,
+            issued_at=self.clock.time(),
             flower=flower,
             spec=spec,
         )
         self._tasks[task.task_id] = task
         session.current = task
-        session.mailbox.put_nowait(task)
+        if self.on_assign is not None:
+            self.on_assign(session, task)
+        else:
+            session.mailbox.put_nowait(task)
         task.future.add_done_callback(lambda _: self._release(task))
         return task
 

@@ -34,7 +34,6 @@ __all__ = [
     "UniformDistribution",
     "check_region_names",
     "check_shares",
-    "planned_value_problem",
     "trace_suffix_problem",
 ]
 
@@ -43,11 +42,6 @@ SHARE_TOLERANCE = 1e-6
 #: File types a client trace may have; pickle is deliberately not among them.
 TRACE_SUFFIXES = (".json", ".csv")
 _REGION_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-#: Values of ``simulation.clock`` and ``simulation.backend`` that are planned, not built.
-_PLANNED = {
-    "virtual": "only the wall clock runs today (clock: wall)",
-    "ray": "only local client processes run today (backend: process)",
-}
 _SCHEMES = ("iid", "dirichlet", "shards", "by_region")
 _CONVERT_HINT = "python -m geofl.server.simulation.traces convert IN.pkl OUT.json --trust-pickle"
 
@@ -253,13 +247,6 @@ def check_region_names(names: Iterable[str]) -> None:
     bad = [name for name in names if not _REGION_NAME.fullmatch(name)]
     if bad:
         raise ValueError(f"region names must be letters, digits, '_', '.' or '-', got {bad!r}")
-
-
-def planned_value_problem(value: object) -> str | None:
-    """Why ``value`` of ``simulation.clock``/``backend`` is refused (planned, not built)."""
-    if isinstance(value, str) and value in _PLANNED:
-        return f"{value!r} is not implemented yet; {_PLANNED[value]}"
-    return None
 
 
 def trace_suffix_problem(suffix: str) -> str | None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -194,7 +193,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         registry = self._s.registry
         if session.mailbox.empty() and not registry.finished.is_set():
             await _wait_for_mail(session, registry, timeout)
-        session.last_seen = time.monotonic()
+        session.last_seen = self._s.registry.clock.monotonic()
         while not session.mailbox.empty():
             task = session.mailbox.get_nowait()
             if not task.future.done():
@@ -207,7 +206,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return pb.Task(kind=pb.TASK_KIND_WAIT, run_id=self._s.run_id)
 
     def _task_message(self, task: TaskRecord) -> pb.Task:
-        task.started_at = time.time()
+        task.started_at = self._s.registry.clock.time()
         spec = self._s.spec if task.spec is None else task.spec
         message = pb.Task(
             kind=_KIND[task.kind],
@@ -272,7 +271,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("an upload must start with an UploadHeader")
         header = first.header
         task = self._s.registry.task_for(session, header.task_id)
-        if time.time() > task.deadline:
+        if self._s.registry.clock.time() > task.deadline:
             task.settle(Outcome("late", "result arrived after the round deadline"))
             raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
         try:

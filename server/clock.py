@@ -1,0 +1,83 @@
+"""The server's sense of time, injected so a simulation can run it on a virtual clock.
+
+The round engine, the registry and the recorder never call :func:`time.time` directly:
+they ask a :class:`Clock`. In a deployment that is :data:`WALL_CLOCK`. Under
+``simulation.clock: virtual`` it is a :class:`LoopClock` over
+:class:`geofl.server.simulation.virtual_loop.VirtualTimeLoop`, whose time jumps to the
+next timer whenever nothing real is running, so deadlines, stragglers and round
+durations happen in simulated seconds while the code that runs is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from typing import Protocol
+
+__all__ = ["WALL_CLOCK", "Clock", "LoopClock", "WallClock"]
+
+
+class Clock(Protocol):
+    """Where the server reads the time."""
+
+    #: True when the times are simulated (recorded as such in the database).
+    simulated: bool
+
+    def time(self) -> float:
+        """Seconds since the Unix epoch (deadlines, timestamps)."""
+        ...
+
+    def monotonic(self) -> float:
+        """A monotonic reading, for durations and waits."""
+        ...
+
+    def now(self) -> dt.datetime:
+        """:meth:`time` as an aware UTC datetime (database timestamps)."""
+        ...
+
+
+class WallClock:
+    """Real time."""
+
+    simulated = False
+
+    def time(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def now(self) -> dt.datetime:
+        return dt.datetime.now(dt.UTC)
+
+
+#: The clock of every deployment.
+WALL_CLOCK: Clock = WallClock()
+
+
+class LoopClock:
+    """The time of an event loop, as Unix time from ``epoch`` (default: now, really).
+
+    Asyncio's own timeouts (``wait_for``, ``sleep``) read the loop's time, so reading the
+    same clock here keeps the engine's deadlines and the loop's timers in one time base.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, epoch: float | None = None) -> None:
+        self._loop = loop
+        self._origin = loop.time()
+        self._epoch = time.time() if epoch is None else epoch
+        self.simulated = bool(getattr(loop, "virtual", False))
+
+    def time(self) -> float:
+        return self._epoch + (self._loop.time() - self._origin)
+
+    def monotonic(self) -> float:
+        return self._loop.time()
+
+    def now(self) -> dt.datetime:
+        return dt.datetime.fromtimestamp(self.time(), dt.UTC)
+
+    def elapsed(self) -> float:
+        """Seconds since this clock was made."""
+        return self._loop.time() - self._origin

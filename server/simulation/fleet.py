@@ -1,0 +1,354 @@
+"""Virtual clients: simulated nodes that take tasks from the real registry.
+
+Each simulated client is a registry session like a networked node's, so the real round
+engine selects it, hands it tasks with deadlines and settles them. A task is served by a
+coroutine that lives on the simulated clock:
+
+1. download: the model version (compressed as the client's downlink says) takes
+   ``rtt/2 + jitter + 8 bytes / down rate`` simulated seconds;
+2. compute: the job (the user's client app, in a backend worker) runs for real, and the
+   clock charges ``samples / samples_per_s`` for it;
+3. upload: the update, encoded under the server's upload plan, takes
+   ``rtt/2 + jitter + 8 bytes / up rate``; it is then checked (names, shapes, finite
+   values) and decoded exactly as the gRPC servicer would.
+
+A client whose availability window closes mid-task is dropped at that moment; a result
+that arrives after the deadline is late. Training starts in a worker as soon as the task
+is handed out (in order of when its result will be needed), so the workers are busy while
+the clock advances; a client that could not even finish its download before the deadline
+is not trained at all (its result could only be discarded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from geofl.protocols.codecs import CodecError, decode_tensor
+from geofl.protocols.compression import UploadPlan
+from geofl.protocols.tensors import ModelSpec
+from geofl.protocols.types import Scalar
+from geofl.server.clock import Clock
+from geofl.server.config.compression import CompressionConfig
+from geofl.server.model_store import ModelStore
+from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.simulation.backends import Backend
+from geofl.server.simulation.links import ClientLink
+from geofl.server.simulation.traces import ClientTrace
+from geofl.server.simulation.virtual_loop import real_work
+from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, UploadedTensor
+
+__all__ = ["FleetStats", "VirtualFleet", "VirtualUpdate", "plain_link"]
+
+log = logging.getLogger(__name__)
+
+#: Evaluation charges a forward pass per sample, about a third of a training step.
+EVALUATE_COST = 1 / 3
+
+
+def plain_link(client: int, samples_per_s: float) -> ClientLink:
+    """A client with no WAN model: instant transfers, ``samples_per_s`` compute."""
+    return ClientLink(client, "default", 0.0, math.inf, math.inf, 0.0, 0.0, samples_per_s)
+
+
+@dataclass
+class FleetStats:
+    """What the fleet did, for the end-of-run summary."""
+
+    bytes_up: dict[str, int]
+    bytes_down: dict[str, int]
+    jobs: int = 0
+    skipped: int = 0
+    cpu_s: float = 0.0
+
+    def add(self, region: str, up: int, down: int) -> None:
+        self.bytes_up[region] = self.bytes_up.get(region, 0) + up
+        self.bytes_down[region] = self.bytes_down.get(region, 0) + down
+
+
+class VirtualUpdate(Mapping[str, npt.NDArray[np.generic]]):
+    """A received update, decoded lazily like :class:`geofl.server.spool.SpooledUpdate`."""
+
+    def __init__(self, tensors: Mapping[str, UploadedTensor]) -> None:
+        self._tensors = dict(tensors)
+        self._decoded: dict[str, npt.NDArray[np.generic]] = {}
+
+    def __getitem__(self, name: str) -> npt.NDArray[np.generic]:
+        if name not in self._decoded:
+            item = self._tensors[name]
+            if item.chain:
+                self._decoded[name] = decode_tensor(
+                    item.payload, item.chain, item.dtype, item.shape
+                )
+            else:
+                dtype = np.dtype(item.dtype).newbyteorder("<")
+                self._decoded[name] = np.frombuffer(item.payload, dtype=dtype).reshape(item.shape)
+        return self._decoded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def close(self) -> None:
+        self._tensors.clear()
+        self._decoded.clear()
+
+
+class UpdateCheckError(ValueError):
+    """An update does not match the model (what the servicer would reject)."""
+
+
+def check_update(update: VirtualUpdate, spec: ModelSpec) -> None:
+    """Names, shapes and dtypes as the model's, and only finite values (as the servicer)."""
+    expected = {t.name: t for t in spec}
+    if set(update) != set(expected):
+        missing = sorted(set(expected) - set(update))
+        extra = sorted(set(update) - set(expected))
+        raise UpdateCheckError(
+            f"update tensors differ from the model: missing {missing}, extra {extra}"
+        )
+    for name, tensor in expected.items():
+        try:
+            value = update[name]
+        except CodecError as exc:
+            raise UpdateCheckError(f"tensor {name!r} does not decode: {exc}") from exc
+        if tuple(value.shape) != tuple(tensor.shape) or value.dtype.name != tensor.dtype:
+            raise UpdateCheckError(
+                f"tensor {name!r} is {value.dtype.name}{list(value.shape)}, expected "
+                f"{tensor.dtype}{list(tensor.shape)}"
+            )
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            raise UpdateCheckError(f"tensor {name!r} has NaN or infinite values")
+
+
+class VirtualFleet:
+    """Simulated clients joined to ``registry``; serve tasks until the run ends."""
+
+    def __init__(
+        self,
+        *,
+        registry: Registry,
+        models: ModelStore,
+        backend: Backend,
+        clock: Clock,
+        links: Sequence[ClientLink],
+        traces: Sequence[ClientTrace] | None,
+        compression: CompressionConfig,
+        spec: ModelSpec,
+        run_id: int,
+        seed: int,
+    ) -> None:
+        self._registry = registry
+        self._models = models
+        self._backend = backend
+        self._clock = clock
+        self._links = links
+        self._traces = traces
+        self._compression = compression
+        self._spec = spec
+        self._run_id = run_id
+        self._rng = np.random.default_rng([seed, 0x5EED])
+        self._start = clock.monotonic()
+        self._identities: dict[int, ClientIdentity] = {}
+        self._held = np.full(len(links), -1, dtype=np.int64)
+        self._running: set[asyncio.Task[None]] = set()
+        regions = dict.fromkeys(link.region for link in links)
+        self.stats = FleetStats(dict.fromkeys(regions, 0), dict.fromkeys(regions, 0))
+
+    # ------------------------------------------------------------ joining
+
+    def join(self, join_nodes: Callable[[Sequence[tuple[str, str | None]]], list[int]]) -> None:
+        """Register every client (database rows via ``join_nodes``, then sessions)."""
+        names = [(f"sim-{link.client}", self._region(link)) for link in self._links]
+        node_ids = join_nodes(names)
+        for link, (name, region), node_id in zip(self._links, names, node_ids, strict=True):
+            self._registry.add(node_id, name, region, {"partition-id": link.client})
+            self._identities[node_id] = ClientIdentity(link.client, node_id, name, region)
+        self._registry.presence = self._present
+        self._registry.on_assign = self._take
+
+    def _region(self, link: ClientLink) -> str | None:
+        return None if link.region == "default" else link.region
+
+    def now(self) -> float:
+        """Simulated seconds since the fleet joined (availability traces' time base)."""
+        return self._clock.monotonic() - self._start
+
+    def _present(self, session: NodeSession) -> bool:
+        if self._traces is None:
+            return True
+        return self._traces[self._identities[session.node_id].index].available_at(self.now())
+
+    def _online_until(self, index: int) -> float:
+        """Simulated time (our base) when client ``index`` goes offline; inf if never."""
+        if self._traces is None:
+            return math.inf
+        availability = self._traces[index].availability
+        return math.inf if availability is None else availability.available_until(self.now())
+
+    # ------------------------------------------------------------ tasks
+
+    def _take(self, session: NodeSession, task: TaskRecord) -> None:
+        if task.kind not in ("fit", "evaluate"):
+            task.settle(Outcome("failed", f"virtual clients cannot run {task.kind} tasks"))
+            return
+        work = asyncio.ensure_future(self._serve(self._identities[session.node_id], task))
+        self._running.add(work)
+        work.add_done_callback(self._running.discard)
+
+    async def close(self) -> None:
+        """Cancel tasks still in flight (the run is over)."""
+        for work in list(self._running):
+            work.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
+
+    async def _serve(self, who: ClientIdentity, task: TaskRecord) -> None:
+        try:
+            outcome = await self._attempt(who, task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must not hang the round: record it
+            log.exception("virtual client %s failed", who.name)
+            outcome = Outcome("failed", f"simulator error: {exc}")
+        if outcome is not None:
+            task.settle(outcome)
+
+    async def _attempt(self, who: ClientIdentity, task: TaskRecord) -> Outcome | None:
+        link = self._links[who.index]
+        offline_at = self._online_until(who.index)
+        task.started_at = self._clock.time()
+        chain = self._compression.down_chain(who.region)
+        held = int(self._held[who.index])
+        down_bytes, raw_down = await self._download_size(task.model_version, chain, held)
+        download_s = link.download_s(down_bytes, link.sample_jitter_s(self._rng))
+        if self._clock.time() + download_s > task.deadline:
+            self.stats.skipped += 1
+            return await self._until(offline_at, task.deadline, None)  # late: engine settles
+        weights = self._models.view(task.model_version, chain)
+        if weights is None:
+            return Outcome("failed", f"model version {task.model_version} is not available")
+        job = self._job(who, task, chain)
+        result_future = self._backend.submit(job, dict(weights), self.now() + download_s)
+        try:
+            dropped = await self._until(offline_at, self.now() + download_s, _offline(who))
+            if dropped is not None:
+                return dropped
+            task.bytes_down, task.bytes_down_raw = down_bytes, raw_down
+            self._held[who.index] = task.model_version
+            task.downloaded.set()
+            result = await real_work(result_future)
+        finally:
+            result_future.cancel()
+        self.stats.jobs += 1
+        self.stats.cpu_s += result.cpu_s
+        return await self._finish(who, link, task, result, offline_at)
+
+    async def _finish(
+        self,
+        who: ClientIdentity,
+        link: ClientLink,
+        task: TaskRecord,
+        result: JobResult,
+        offline_at: float,
+    ) -> Outcome | None:
+        cost = EVALUATE_COST if task.kind == "evaluate" else 1.0
+        compute_s = link.compute_s(result.samples) * cost
+        upload_s = link.upload_s(result.payload_bytes, link.sample_jitter_s(self._rng))
+        arrival = self.now() + compute_s + upload_s
+        dropped = await self._until(offline_at, arrival, _offline(who))
+        region = link.region
+        self.stats.add(region, result.payload_bytes, task.bytes_down)
+        if dropped is not None:
+            return dropped
+        if self._clock.time() > task.deadline:
+            return Outcome("late", "result arrived after the round deadline")
+        return self._outcome(task, result, compute_s)
+
+    async def _until(
+        self, offline_at: float, when: float, dropped: Outcome | None
+    ) -> Outcome | None:
+        """Sleep until ``when`` (our time base); ``dropped`` if offline before that."""
+        if offline_at < when:
+            await asyncio.sleep(max(0.0, offline_at - self.now()))
+            return dropped
+        await asyncio.sleep(max(0.0, when - self.now()))
+        return None
+
+    async def _download_size(
+        self, version: int, chain: tuple[str, ...], held: int
+    ) -> tuple[int, int]:
+        if held == version:
+            return 0, 0
+        broadcast = await self._models.broadcast(version, chain, held if held >= 0 else None)
+        if broadcast is None:
+            return 0, 0
+        return broadcast.wire_bytes, broadcast.raw_bytes
+
+    def _job(self, who: ClientIdentity, task: TaskRecord, chain: tuple[str, ...]) -> Job:
+        plan: UploadPlan | None = task.upload if task.kind == "fit" else None
+        config: dict[str, Scalar] = dict(task.config)
+        return Job(
+            who,
+            "fit" if task.kind == "fit" else "evaluate",
+            (task.model_version, chain),
+            config,
+            plan,
+            self._run_id,
+            task.round,
+            task.task_id,
+        )
+
+    def _outcome(self, task: TaskRecord, result: JobResult, compute_s: float) -> Outcome:
+        if result.status != "ok":
+            return Outcome("failed", result.error or "client error", metrics=result.metrics)
+        if task.kind == "evaluate":
+            return Outcome(
+                "ok",
+                num_examples=result.num_examples,
+                loss=result.loss,
+                metrics=result.metrics,
+                compute_s=compute_s,
+            )
+        if result.num_examples <= 0:
+            return Outcome("rejected", "a fit result must report num_examples > 0")
+        update = VirtualUpdate(result.tensors)
+        try:
+            check_update(update, self._spec)
+        except UpdateCheckError as exc:
+            update.close()
+            return Outcome("rejected", str(exc))
+        raw = sum(t.nbytes for t in self._spec)
+        return Outcome(
+            "ok",
+            num_examples=result.num_examples,
+            loss=result.loss,
+            metrics=result.metrics,
+            update=update,
+            compute_s=compute_s,
+            bytes_up=result.payload_bytes,
+            bytes_up_raw=raw,
+        )
+
+
+def _offline(who: ClientIdentity) -> Outcome:
+    return Outcome("dropped", f"{who.name} went offline (availability trace)")
+
+
+def links_for(
+    links: Sequence[ClientLink] | None, num_clients: int, samples_per_s: float
+) -> list[ClientLink]:
+    """The WAN model's links, or instant links at ``samples_per_s`` when there is none."""
+    if links is not None:
+        return list(links)
+    return [plain_link(i, samples_per_s) for i in range(num_clients)]
+
+
+__all__ += ["links_for"]

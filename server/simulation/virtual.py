@@ -1,0 +1,142 @@
+"""``geofl simulate`` on the virtual clock: the real coordinator, simulated clients and time.
+
+The coordinator, round engine, strategy, recorder and model store are the ones a
+deployment runs; only the clock (a :class:`~geofl.server.clock.LoopClock` over a
+:class:`~geofl.server.simulation.virtual_loop.VirtualTimeLoop`) and the clients
+(:class:`~geofl.server.simulation.fleet.VirtualFleet`, whose jobs run in a backend) are
+simulated. No port is opened. The run is recorded with ``simulated_clock`` set, and every
+timestamp and duration in it is simulated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from geofl.protocols.tensors import spec_of
+from geofl.server.clock import LoopClock
+from geofl.server.config import ConfigError, ConfigProblem, RunConfig
+from geofl.server.coordinator import Coordinator, RunResult
+from geofl.server.engine import RoundRecord
+from geofl.server.simulation.backends import make_backend
+from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
+from geofl.server.simulation.links import ClientLink, LinkModel
+from geofl.server.simulation.traces import ClientTrace, TraceSet
+from geofl.server.simulation.virtual_loop import run_virtual
+from geofl.server.simulation.workers import WorkerSetup
+
+__all__ = ["VirtualRun", "run_virtual_simulation", "simulate_virtual", "virtual_problems"]
+
+
+@dataclass
+class VirtualRun:
+    """How a virtual-clock simulation ended: the run, and what the fleet moved."""
+
+    result: RunResult
+    stats: FleetStats
+    simulated_s: float
+
+
+def virtual_problems(config: RunConfig, source: str) -> list[ConfigProblem]:
+    """What the virtual clock cannot simulate in this configuration."""
+    problems = []
+    if config.secure_aggregation.enabled:
+        problems.append(
+            ConfigProblem(
+                source,
+                "secure_aggregation.enabled",
+                "secure aggregation's key-exchange stages are not simulated on the virtual "
+                "clock yet; use simulation.clock: wall",
+            )
+        )
+    return problems
+
+
+def default_workers(config: RunConfig) -> int:
+    """``simulation.workers``, or one per CPU core (at most one per client)."""
+    chosen = config.simulation.workers
+    if chosen is None:
+        chosen = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    return min(chosen, config.simulation.clients)
+
+
+def client_links(
+    config: RunConfig, traces: TraceSet | None
+) -> tuple[list[ClientLink], list[ClientTrace] | None]:
+    """Each client's link (instant when there is no WAN model) and trace."""
+    simulation = config.simulation
+    per_client = traces.for_clients(simulation.clients) if traces is not None else None
+    model = None
+    if simulation.regions or per_client is not None:
+        model = LinkModel.from_config(simulation, config.run.seed, per_client).links
+    return links_for(model, simulation.clients, simulation.compute.samples_per_s), per_client
+
+
+async def simulate_virtual(
+    config: RunConfig,
+    traces: TraceSet | None = None,
+    *,
+    on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
+) -> VirtualRun:
+    """Run ``config`` with virtual clients on the running (virtual-time) loop."""
+    clock = LoopClock(asyncio.get_running_loop())
+    coordinator = Coordinator(config, on_round_end=on_round_end, clock=clock, listen=False)
+    links, per_client = client_links(config, traces)
+    simulation = config.simulation
+    setup = WorkerSetup(
+        app=str(simulation.app),
+        run_config=dict(config.round_config),
+        node_config=dict(simulation.node_config),
+        num_clients=simulation.clients,
+        client_cache=simulation.client_cache,
+    )
+    backend = make_backend(simulation.backend, setup, default_workers(config))
+    try:
+        await backend.start()
+        fleet = VirtualFleet(
+            registry=coordinator.registry,
+            models=coordinator.models,
+            backend=backend,
+            clock=clock,
+            links=links,
+            traces=per_client,
+            compression=config.compression,
+            spec=spec_of(coordinator.weights),
+            run_id=coordinator.run_id,
+            seed=config.run.seed,
+        )
+        fleet.join(coordinator.join_nodes)
+        on_start(coordinator, links)
+        try:
+            result = await coordinator.run()
+        finally:
+            await fleet.close()
+    finally:
+        await backend.close()
+        await coordinator.stop()
+    return VirtualRun(result, fleet.stats, clock.elapsed())
+
+
+def run_virtual_simulation(
+    config: RunConfig,
+    traces: TraceSet | None = None,
+    *,
+    on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
+) -> VirtualRun:
+    """:func:`simulate_virtual` on a fresh virtual-time event loop.
+
+    Raises
+    ------
+    ConfigError
+        If the configuration asks for something the virtual clock does not simulate.
+    """
+    problems = virtual_problems(config, "simulation")
+    if problems:
+        raise ConfigError(problems)
+    return run_virtual(
+        simulate_virtual(config, traces, on_round_end=on_round_end, on_start=on_start)
+    )
