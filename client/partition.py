@@ -11,24 +11,45 @@ Everything here is pure NumPy with an explicit seed, so every process of a simul
 computes the same split independently, and it lives in the client package because client
 apps split their own data. A split that would leave a client with no data raises
 :class:`PartitionError` naming the client, the settings and a fix.
+
+When the simulator splits the data itself (``simulation.partition``), it writes every
+client's indices to one partition file and tells each client its path in the node config;
+:func:`assigned_indices` reads a client's share from it. The file is NumPy's ``.npz``
+holding plain integer arrays, read with ``allow_pickle=False``, so loading it runs no code.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import tempfile
+import zipfile
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+from numpy.lib.npyio import NpzFile
+
+from geofl.client.app import ClientContext
 
 __all__ = [
+    "PARTITION_FILE_FORMAT",
+    "PARTITION_FILE_KEY",
     "PartitionError",
+    "PartitionFile",
+    "PartitionFileError",
+    "assigned_indices",
     "dirichlet_partition",
     "iid_partition",
     "label_histogram",
+    "read_partition_file",
     "region_partition",
     "require_data",
     "shard_partition",
+    "write_partition_file",
 ]
 
 IndexArray = npt.NDArray[np.int64]
@@ -334,3 +355,184 @@ def label_histogram(
     for row, part in enumerate(parts):
         hist[row] = np.bincount(array[part], minlength=classes)
     return hist
+
+
+#: Node-config key holding the path of the simulator's partition file.
+PARTITION_FILE_KEY = "partition-file"
+#: Written into every partition file; a reader refuses any other.
+PARTITION_FILE_FORMAT = 1
+_PARTITION_KEYS = frozenset({"format", "indices", "offsets"})
+# Errors np.load raises on a truncated, foreign or tampered file.
+_UNREADABLE = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
+
+
+class PartitionFileError(ValueError):
+    """A partition file that is missing, corrupt, or holds no share for this client."""
+
+
+@dataclass(frozen=True)
+class PartitionFile:
+    """Every client's indices, concatenated, and where each client's run starts.
+
+    Client ``i`` holds ``indices[offsets[i]:offsets[i + 1]]``; ``offsets`` has one more
+    entry than there are clients, starts at 0 and ends at ``indices.size``.
+    """
+
+    indices: IndexArray
+    offsets: IndexArray
+
+    @property
+    def num_clients(self) -> int:
+        """How many clients the file splits the data among."""
+        return int(self.offsets.size - 1)
+
+    def share(self, client: int) -> IndexArray:
+        """A copy of client ``client``'s indices (the cached arrays stay untouched)."""
+        if not 0 <= client < self.num_clients:
+            raise PartitionFileError(
+                f"partition-id {client} is outside 0..{self.num_clients - 1} of the partition file"
+            )
+        return self.indices[self.offsets[client] : self.offsets[client + 1]].copy()
+
+
+def write_partition_file(path: Path, parts: Sequence[IndexArray]) -> None:
+    """Store ``parts`` (one index array per client) at ``path`` as a partition file.
+
+    The file is written beside ``path`` and renamed over it, so a reader sees the old file
+    or the new one, never half of one.
+
+    Raises
+    ------
+    ValueError
+        If there are no parts or an index array is not one-dimensional.
+    """
+    if not parts:
+        raise ValueError("a partition file needs at least one client")
+    if any(np.ndim(part) != 1 for part in parts):
+        raise ValueError("every client's indices must be a one-dimensional array")
+    sizes = np.array([len(part) for part in parts], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    indices = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            np.savez(
+                stream,
+                allow_pickle=False,
+                format=np.int64(PARTITION_FILE_FORMAT),
+                indices=indices,
+                offsets=offsets,
+            )
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def read_partition_file(path: str | Path) -> PartitionFile:
+    """The partition file at ``path``, loaded once per process while it is unchanged.
+
+    Thousands of simulated clients share a worker process; each asks for the same file,
+    so it is cached by path, inode, modification time and size (a rewritten file is read
+    again).
+
+    Raises
+    ------
+    PartitionFileError
+        If the file is missing, is not a partition file, or is inconsistent.
+    """
+    where = Path(path)
+    try:
+        stat = where.stat()
+    except OSError as exc:
+        raise PartitionFileError(
+            f"partition file {where} cannot be read ({exc.strerror}); the simulator writes "
+            "it before starting clients for simulation.partition, so it was moved or deleted"
+        ) from None
+    identity = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    return _load_partition_file(str(where.resolve()), identity)
+
+
+@lru_cache(maxsize=8)
+def _load_partition_file(path: str, identity: tuple[int, int, int]) -> PartitionFile:
+    """Parse and check a partition file; ``identity`` (inode, mtime, size) keys the cache."""
+    try:
+        # Our own handle: np.load leaks the one it opens when the zip is damaged.
+        with open(path, "rb") as stream:
+            arrays = _partition_arrays(path, np.load(stream, allow_pickle=False))
+    except PartitionFileError:
+        raise
+    except _UNREADABLE as exc:
+        raise PartitionFileError(f"{path} is not a readable partition file: {exc}") from None
+    problem = _partition_file_problem(arrays)
+    if problem:
+        raise PartitionFileError(f"{path} is a corrupt partition file: {problem}")
+    # The dtype is checked, so astype copies nothing; it only tells the type checker.
+    indices, offsets = (arrays[key].astype(np.int64, copy=False) for key in ("indices", "offsets"))
+    for array in (indices, offsets):
+        array.flags.writeable = False  # shared by every client of the process
+    return PartitionFile(indices=indices, offsets=offsets)
+
+
+def _partition_arrays(path: str, loaded: object) -> dict[str, npt.NDArray[np.generic]]:
+    """The arrays of a loaded ``.npz``, refusing anything else np.load can return."""
+    if not isinstance(loaded, NpzFile):
+        raise PartitionFileError(f"{path} is not a partition file: not an .npz archive")
+    with loaded as archive:
+        if set(archive.files) != _PARTITION_KEYS:
+            raise PartitionFileError(
+                f"{path} is not a partition file: it holds {sorted(archive.files)}, "
+                f"expected {sorted(_PARTITION_KEYS)}"
+            )
+        return {key: archive[key] for key in _PARTITION_KEYS}
+
+
+def _partition_file_problem(arrays: dict[str, npt.NDArray[np.generic]]) -> str | None:
+    """What is inconsistent about a partition file's arrays, or None if nothing is."""
+    version, indices, offsets = arrays["format"], arrays["indices"], arrays["offsets"]
+    integral = np.issubdtype(version.dtype, np.integer)
+    if version.shape != () or not integral or int(version) != PARTITION_FILE_FORMAT:
+        return f"format {version.tolist()!r}, this geofl reads format {PARTITION_FILE_FORMAT}"
+    if indices.dtype != np.int64 or offsets.dtype != np.int64:
+        return f"indices are {indices.dtype} and offsets {offsets.dtype}, expected int64"
+    if indices.ndim != 1 or offsets.ndim != 1 or offsets.size < 2:
+        return "indices must be one-dimensional and offsets name at least one client"
+    if offsets[0] != 0 or offsets[-1] != indices.size or np.any(np.diff(offsets) < 0):
+        return f"offsets must rise from 0 to {indices.size}, the number of indices"
+    if indices.size and indices.min() < 0:
+        return "indices must be non-negative"
+    return None
+
+
+def assigned_indices(context: ClientContext) -> IndexArray | None:
+    """This client's sample indices as the simulator split them, or None if it did not.
+
+    Reads the file named by node config ``partition-file`` and picks the share of
+    ``partition-id``. Without ``partition-file`` the simulator made no split
+    (``simulation.partition`` unset) and the app partitions its data itself.
+
+    Raises
+    ------
+    PartitionFileError
+        If the file is missing or corrupt, or ``partition-id`` is absent, out of range or
+        disagrees with ``num-partitions``.
+    """
+    path = context.node_config.get(PARTITION_FILE_KEY)
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path:
+        raise PartitionFileError(f"node config {PARTITION_FILE_KEY} must be a path, got {path!r}")
+    plan = read_partition_file(path)
+    client = context.node_config.get("partition-id")
+    if isinstance(client, bool) or not isinstance(client, int):
+        raise PartitionFileError(
+            f"node config partition-id must be an integer to pick a share of {path}, got {client!r}"
+        )
+    expected = context.node_config.get("num-partitions", plan.num_clients)
+    if expected != plan.num_clients:
+        raise PartitionFileError(
+            f"{path} splits the data among {plan.num_clients} clients but this client was "
+            f"told num-partitions={expected!r}; the file belongs to another run"
+        )
+    return plan.share(client)

@@ -28,7 +28,7 @@ from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, Rou
 from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.model_store import ModelStore
 from geofl.server.recorder import DatabaseRecorder
-from geofl.server.registry import Registry
+from geofl.server.registry import Outcome, Registry, TaskRecord
 from geofl.server.secure_round import SecureSettings
 from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import Strategy, make_strategy
@@ -166,12 +166,16 @@ class Coordinator:
         on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
         clock: Clock = WALL_CLOCK,
         listen: bool = True,
+        on_round_start: Callable[[int], None] = lambda number: None,
+        on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
     ) -> None:
         """``listen=False`` serves no gRPC: the clients are simulated in process."""
         self.config = config
         self.clock = clock
         self._listen = listen
         self._on_round_end = on_round_end
+        self._on_round_start = on_round_start
+        self._on_task = on_task
         self.db: Database = open_database(config.storage.url)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
@@ -295,6 +299,8 @@ class Coordinator:
             upload_plan=self._upload_plan,
             secure=secure_settings(self.config.secure_aggregation, self.run_id),
             clock=self.clock,
+            on_round_start=self._on_round_start,
+            on_task=self._on_task,
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
         status, error = "completed", None

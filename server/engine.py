@@ -163,9 +163,13 @@ class RoundEngine:
         upload_plan: Callable[[str | None], UploadPlan | None] = lambda region: None,
         secure: SecureSettings | None = None,
         clock: Clock = WALL_CLOCK,
+        on_round_start: Callable[[int], None] = lambda number: None,
+        on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
     ) -> None:
         self._cfg = settings
         self._clock = clock
+        self._on_round_start = on_round_start
+        self._on_task = on_task
         self._registry = registry
         self._strategy = strategy
         self._models = models
@@ -185,6 +189,7 @@ class RoundEngine:
         for number in range(self._start, self._cfg.rounds + 1):
             record = RoundRecord(number)
             self._recorder.round_started(number, self._cfg.clients_per_round)
+            self._on_round_start(number)
             try:
                 await self._round(record)
             except RoundFailedError as failure:
@@ -495,6 +500,7 @@ class RoundEngine:
                     outcome = await on_ok(task, outcome)
                 record.outcomes.append((task, outcome))
                 self._recorder.participation(record.number, task, outcome)
+                self._on_task(task, outcome)
                 if outcome.status == "ok":
                     successes.append(outcome)
         return successes

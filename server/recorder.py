@@ -60,7 +60,7 @@ class DatabaseRecorder(Recorder):
             )
 
     def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
-        finished = self._clock.now()
+        finished = _utc(task.settled_at) or self._clock.now()
         started = _utc(task.started_at or task.issued_at)
         self._pending.append(
             dict(

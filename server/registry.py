@@ -77,10 +77,14 @@ class TaskRecord:
     flower: pb.FlowerContent | None = None
     #: The tensors of a message task's model version (fit/evaluate use the run's model).
     spec: ModelSpec | None = None
+    #: The registry's clock; it dates the settlement (the engine may notice it later).
+    clock: Clock = WALL_CLOCK
+    settled_at: float | None = None
 
     def settle(self, outcome: Outcome) -> None:
         """Resolve the task once; later outcomes are ignored."""
         if not self.future.done():
+            self.settled_at = self.clock.time()
             self.future.set_result(outcome)
 
 
@@ -223,6 +227,7 @@ class Registry:
             upload=upload,
             secagg=secagg,
             issued_at=self.clock.time(),
+            clock=self.clock,
             flower=flower,
             spec=spec,
         )

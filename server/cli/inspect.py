@@ -72,7 +72,9 @@ def detail_tables(detail: RunDetail) -> list[Table]:
     """``geofl runs show`` as tables: rounds, then participations."""
     run = detail.run
     rounds = Table(
-        title=f"run {run.id} '{run.name}': {run.status}" + (f" ({run.error})" if run.error else "")
+        title=f"run {run.id} '{run.name}': {run.status}"
+        + (f" ({run.error})" if run.error else "")
+        + (" · simulated clock: times are simulated seconds" if run.simulated_clock else "")
     )
     for column in (
         "round",

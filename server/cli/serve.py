@@ -19,9 +19,15 @@ from geofl.server.config import ConfigError, ConfigProblem, RunConfig, load_conf
 from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.engine import RoundRecord
 from geofl.server.loading import UserCodeError
+from geofl.server.registry import Outcome, TaskRecord
 from geofl.server.simulation import LinkModel
 from geofl.server.simulation.preflight import check_simulation
-from geofl.storage import StorageUnavailableError
+from geofl.server.simulation.progress import SimulationProgress
+from geofl.server.simulation.summary import render_summary, summarize_run
+from geofl.server.simulation.traces import TraceSet
+from geofl.server.simulation.virtual import simulate_virtual, virtual_problems
+from geofl.server.simulation.virtual_loop import VirtualTimeLoop
+from geofl.storage import StorageUnavailableError, open_database
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 _CLIENT_EXIT_WAIT_S = 30.0
@@ -34,15 +40,18 @@ def _fmt_metrics(metrics: dict[str, object]) -> str:
     )
 
 
-def round_reporter(rounds: int | None) -> Callable[[RoundRecord, str], None]:
+def round_reporter(
+    rounds: int | None, *, simulated: bool = False
+) -> Callable[[RoundRecord, str], None]:
     """Print one line per finished round (``rounds``: how many are planned, if known)."""
     of = "" if rounds is None else f"/{rounds}"
+    unit = "simulated s" if simulated else "s"
 
     def report(record: RoundRecord, status: str) -> None:
         ok = sum(1 for _, o in record.outcomes if o.status == "ok")
         seconds = sum(record.phase_durations.values())
         parts = [
-            f"round {record.number}{of} {status} in {seconds:.2f} s",
+            f"round {record.number}{of} {status} in {seconds:.2f} {unit}",
             f"{ok}/{len(record.outcomes)} tasks ok",
         ]
         if record.train_loss is not None:
@@ -54,6 +63,57 @@ def round_reporter(rounds: int | None) -> Callable[[RoundRecord, str], None]:
         console.print(" · ".join(parts))
 
     return report
+
+
+class _ProgressHooks:
+    """Feeds the engine's round and task events to a :class:`SimulationProgress`."""
+
+    def __init__(self, progress: SimulationProgress) -> None:
+        self._progress = progress
+        self._start: float | None = None
+
+    def _elapsed(self) -> float:
+        now = asyncio.get_running_loop().time()  # simulated on the virtual clock
+        if self._start is None:
+            self._start = now
+        return now - self._start
+
+    def round_started(self, number: int) -> None:
+        self._elapsed()
+        self._progress.round_started(number)
+
+    def task_settled(self, task: TaskRecord, outcome: Outcome) -> None:
+        self._progress.task_settled(task.kind, outcome.status)
+
+    def round_finished(self, record: RoundRecord, status: str) -> None:
+        self._progress.round_finished(record, status, self._elapsed())
+
+
+def _progress(config: RunConfig) -> SimulationProgress:
+    simulation = config.simulation
+    return SimulationProgress(
+        console,
+        config.run.rounds,
+        config.strategy.clients_per_round,
+        clock_label="simulated" if simulation.clock == "virtual" else "wall",
+        metric=simulation.target_metric,
+        target=simulation.target_accuracy,
+    )
+
+
+def _print_summary(config: RunConfig, result: RunResult) -> None:
+    """Time-to-accuracy and bytes per region, read back from the run's database."""
+    db = open_database(config.storage.url)
+    try:
+        summary = summarize_run(
+            db,
+            result.run_id,
+            metric=config.simulation.target_metric,
+            target=config.simulation.target_accuracy,
+        )
+    finally:
+        db.close()
+    console.print(render_summary(summary))
 
 
 def client_command(
@@ -152,8 +212,18 @@ def _start_simulation(config: RunConfig, port: int) -> list[tuple[str, subproces
     return started
 
 
-async def _serve(config: RunConfig, simulate: bool) -> tuple[RunResult, list[tuple[str, int]]]:
-    coordinator = Coordinator(config, on_round_end=round_reporter(config.run.rounds))
+async def _serve(
+    config: RunConfig, simulate: bool, hooks: _ProgressHooks | None = None
+) -> tuple[RunResult, list[tuple[str, int]]]:
+    if hooks is None:
+        coordinator = Coordinator(config, on_round_end=round_reporter(config.run.rounds))
+    else:
+        coordinator = Coordinator(
+            config,
+            on_round_end=hooks.round_finished,
+            on_round_start=hooks.round_started,
+            on_task=hooks.task_settled,
+        )
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
     try:
         port = await coordinator.start()
@@ -188,7 +258,7 @@ def wait_for_exit(process: subprocess.Popen[bytes]) -> int:
         return process.wait()
 
 
-def _check_simulation(config: RunConfig, source: str) -> None:
+def _check_simulation(config: RunConfig, source: str) -> TraceSet | None:
     if not config.simulation.app:
         raise ConfigError(
             [
@@ -212,7 +282,34 @@ def _check_simulation(config: RunConfig, source: str) -> None:
                 )
             ]
         )
-    check_simulation(config, source)  # cohort larger than the pool, links, traces
+    if config.simulation.clock == "virtual":
+        problems = virtual_problems(config, source)
+        if problems:
+            raise ConfigError(problems)
+    return check_simulation(config, source)  # cohort larger than the pool, links, traces
+
+
+def _run_virtual(config: RunConfig, source: str, trace: TraceSet | None) -> RunResult:
+    """``geofl simulate`` on the virtual clock: simulated clients, no port, simulated time."""
+    console.print(
+        f"geofl: run [bold]{config.run.name}[/] on the virtual clock: "
+        f"{config.simulation.clients} simulated clients, "
+        f"{config.strategy.clients_per_round} per round"
+    )
+    with _progress(config) as progress:
+        hooks = _ProgressHooks(progress)
+        run = run_until_signal(
+            lambda: simulate_virtual(
+                config,
+                trace,
+                on_round_end=hooks.round_finished,
+                on_round_start=hooks.round_started,
+                on_task=hooks.task_settled,
+            ),
+            loop_factory=VirtualTimeLoop,
+        )
+    _print_summary(config, run.result)
+    return run.result
 
 
 def _check_relays(config: RunConfig, source: str) -> None:
@@ -265,9 +362,13 @@ def run_serve(args: argparse.Namespace) -> int:
     simulate = args.command == "simulate"
     try:
         config = load_config(args.config, args.overrides)
+        trace = None
         if simulate:
-            _check_simulation(config, str(args.config))
-        result, codes = _run_until_signal(config, simulate)
+            trace = _check_simulation(config, str(args.config))
+        if simulate and config.simulation.clock == "virtual":
+            result, codes = _run_virtual(config, str(args.config), trace), list[tuple[str, int]]()
+        else:
+            result, codes = _run_until_signal(config, simulate)
     except ConfigError as exc:
         return _fail(ExitCode.USAGE, str(exc))
     except StorageUnavailableError as exc:
@@ -293,11 +394,22 @@ def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, lis
     down by the interpreter later.
     """
 
-    return run_until_signal(lambda: _serve(config, simulate))
+    if not simulate:
+        return run_until_signal(lambda: _serve(config, simulate))
+    with _progress(config) as progress:
+        outcome = run_until_signal(lambda: _serve(config, simulate, _ProgressHooks(progress)))
+    _print_summary(config, outcome[0])
+    return outcome
 
 
-def run_until_signal(work: Callable[[], Awaitable[T]]) -> T:
-    """Run ``work()`` on a new event loop; SIGINT and SIGTERM cancel it (KeyboardInterrupt)."""
+def run_until_signal(
+    work: Callable[[], Awaitable[T]],
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None,
+) -> T:
+    """Run ``work()`` on a new event loop; SIGINT and SIGTERM cancel it (KeyboardInterrupt).
+
+    ``loop_factory`` makes the loop (e.g. a virtual-time one); default: asyncio's.
+    """
 
     async def main() -> T:
         loop = asyncio.get_running_loop()
@@ -309,7 +421,8 @@ def run_until_signal(work: Callable[[], Awaitable[T]]) -> T:
         return await work()
 
     try:
-        return asyncio.run(main())
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            return runner.run(main())
     except asyncio.CancelledError:
         raise KeyboardInterrupt from None
 

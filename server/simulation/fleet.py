@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols.codecs import CodecError, decode_tensor
+from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
@@ -282,9 +282,7 @@ class VirtualFleet:
         await asyncio.sleep(max(0.0, when - self.now()))
         return None
 
-    async def _download_size(
-        self, version: int, chain: tuple[str, ...], held: int
-    ) -> tuple[int, int]:
+    async def _download_size(self, version: int, chain: Chain, held: int) -> tuple[int, int]:
         if held == version:
             return 0, 0
         broadcast = await self._models.broadcast(version, chain, held if held >= 0 else None)
@@ -292,7 +290,7 @@ class VirtualFleet:
             return 0, 0
         return broadcast.wire_bytes, broadcast.raw_bytes
 
-    def _job(self, who: ClientIdentity, task: TaskRecord, chain: tuple[str, ...]) -> Job:
+    def _job(self, who: ClientIdentity, task: TaskRecord, chain: Chain) -> Job:
         plan: UploadPlan | None = task.upload if task.kind == "fit" else None
         config: dict[str, Scalar] = dict(task.config)
         return Job(

@@ -9,8 +9,11 @@ follow it exactly:
 - Sending ``B`` bytes over a link of rate ``R`` bit/s with round-trip time ``rtt`` takes
   ``rtt / 2 + j + 8 B / R`` seconds: one-way propagation, a jitter sample ``j`` (uniform
   in ``[-jitter, +jitter]``, as netem's default, with the delay clipped at zero) and
-  serialization. Rates are Mbit/s = 10^6 bit/s. Loss is carried for the shaper; the
-  time formula does not model retransmission.
+  serialization. Rates are Mbit/s = 10^6 bit/s.
+- Loss ``p`` is modelled as retransmission delay: each :data:`SEGMENT_BYTES`-byte segment
+  is lost with probability ``p`` and a lost one stalls the link for one ``rtt`` (fast
+  retransmit). The shaper draws the losses; the time formula adds their expectation,
+  ``p * ceil(B / SEGMENT_BYTES) * rtt``.
 - Compute takes ``samples / samples_per_s``; a client's ``samples_per_s`` and both its
   rates are the region's (or the baseline's) times a multiplier drawn once per client
   from :class:`~geofl.server.config.simulation.Heterogeneity`. A client trace, when given,
@@ -21,6 +24,7 @@ follow it exactly:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -40,6 +44,7 @@ from geofl.server.simulation.traces import ClientTrace
 
 __all__ = [
     "DEFAULT_REGION",
+    "SEGMENT_BYTES",
     "ClientLink",
     "Heterogeneity",
     "LinkModel",
@@ -53,23 +58,36 @@ __all__ = [
 #: The one region of a model built from a trace alone: zero RTT, as in FedScale.
 DEFAULT_REGION = "default"
 BITS_PER_MBIT = 1e6
+#: Payload bytes of one TCP segment (a 1500-byte Ethernet MTU less IP and TCP headers
+#: with timestamps): the unit that :func:`transfer_time_s` and the shaper lose.
+SEGMENT_BYTES = 1448
 # Independent random streams, so that changing one distribution leaves the others' draws.
 _REGION_STREAM, _COMPUTE_STREAM, _BANDWIDTH_STREAM = 0, 1, 2
 
 
-def transfer_time_s(nbytes: int, rate_bps: float, rtt_s: float, jitter_s: float = 0.0) -> float:
-    """Seconds to deliver ``nbytes`` one way: ``max(0, rtt/2 + jitter) + 8 nbytes / rate``.
+def transfer_time_s(
+    nbytes: int, rate_bps: float, rtt_s: float, jitter_s: float = 0.0, loss: float = 0.0
+) -> float:
+    """Seconds to deliver ``nbytes`` one way, expected over losses.
+
+    ``max(0, rtt/2 + jitter) + 8 nbytes / rate + loss * ceil(nbytes / SEGMENT_BYTES) * rtt``:
+    propagation, serialization and one ``rtt`` of stall per expected lost segment, the
+    model the shaper (:mod:`geofl.server.simulation.shaper`) draws from.
 
     Raises
     ------
     ValueError
-        If ``nbytes`` or ``rtt_s`` is negative, or ``rate_bps`` is not positive.
+        If ``nbytes`` or ``rtt_s`` is negative, ``rate_bps`` is not positive or ``loss``
+        is outside ``[0, 1)``.
     """
     if nbytes < 0 or rtt_s < 0 or not rate_bps > 0:
         raise ValueError(
             f"need nbytes >= 0, rtt_s >= 0 and rate_bps > 0, got {nbytes}, {rtt_s}, {rate_bps}"
         )
-    return max(0.0, rtt_s / 2 + jitter_s) + nbytes * 8 / rate_bps
+    if not 0 <= loss < 1:
+        raise ValueError(f"loss must be in [0, 1), got {loss}")
+    retransmit_s = loss * math.ceil(nbytes / SEGMENT_BYTES) * rtt_s
+    return max(0.0, rtt_s / 2 + jitter_s) + nbytes * 8 / rate_bps + retransmit_s
 
 
 @dataclass(frozen=True)
@@ -90,12 +108,12 @@ class ClientLink:
         return float(rng.uniform(-self.jitter_s, self.jitter_s)) if self.jitter_s else 0.0
 
     def download_s(self, nbytes: int, jitter_s: float = 0.0) -> float:
-        """Seconds for ``nbytes`` from the server to this client."""
-        return transfer_time_s(nbytes, self.down_bps, self.rtt_s, jitter_s)
+        """Seconds for ``nbytes`` from the server to this client (expected over losses)."""
+        return transfer_time_s(nbytes, self.down_bps, self.rtt_s, jitter_s, self.loss)
 
     def upload_s(self, nbytes: int, jitter_s: float = 0.0) -> float:
-        """Seconds for ``nbytes`` from this client to the server."""
-        return transfer_time_s(nbytes, self.up_bps, self.rtt_s, jitter_s)
+        """Seconds for ``nbytes`` from this client to the server (expected over losses)."""
+        return transfer_time_s(nbytes, self.up_bps, self.rtt_s, jitter_s, self.loss)
 
     def compute_s(self, samples: int) -> float:
         """Seconds to train on ``samples`` samples."""

@@ -5,18 +5,25 @@ client apps already import to split their own data, and the client package must 
 depend on the server. This module is the simulator's side: it turns a
 :class:`~geofl.server.config.simulation.PartitionConfig` into a call of the right one,
 checks that every client gets data before anything starts, and renders the split's label
-histogram for the terminal.
+histogram for the terminal. :func:`prepare_partitions` does all of that for a run: it
+reads the labels from ``simulation.labels``, splits them, and writes one partition file
+that every client reads its share from (see :func:`geofl.client.partition.assigned_indices`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import numpy.typing as npt
+from rich.console import RenderableType
 from rich.table import Table
 
 from geofl.client.partition import (
+    PARTITION_FILE_KEY,
     IndexArray,
     PartitionError,
     dirichlet_partition,
@@ -25,20 +32,31 @@ from geofl.client.partition import (
     region_partition,
     require_data,
     shard_partition,
+    write_partition_file,
 )
+from geofl.protocols.types import Scalar
+from geofl.server.config.errors import ConfigError, ConfigProblem
+from geofl.server.config.models import RunConfig
 from geofl.server.config.simulation import PartitionConfig
+from geofl.server.loading import UserCodeError, import_object
 
 __all__ = [
+    "PARTITION_FILE_NAME",
     "PartitionError",
+    "PartitionPlan",
     "describe_partition",
     "label_histogram",
     "label_skew",
+    "load_labels",
     "partition_data",
+    "prepare_partitions",
     "render_label_histogram",
 ]
 
 #: Beyond this many clients the histogram is shown as per-label statistics.
 DEFAULT_MAX_ROWS = 20
+#: Name of the partition file :func:`prepare_partitions` writes into its directory.
+PARTITION_FILE_NAME = "partition.npz"
 _FIX = {
     "iid": "use fewer clients or more data",
     "dirichlet": "raise alpha, use fewer clients, or choose iid or shards",
@@ -177,3 +195,147 @@ def _summary_rows(histogram: npt.NDArray[np.int64]) -> list[tuple[str, list[floa
         ("max", list(with_total.max(axis=0))),
         ("total", list(with_total.sum(axis=0))),
     ]
+
+
+@dataclass(frozen=True)
+class PartitionPlan:
+    """The simulator's split of a run's data, written and ready for the clients.
+
+    Attributes
+    ----------
+    path
+        The partition file holding every client's indices.
+    node_config
+        Entries to add to every simulated client's node config so that
+        :func:`~geofl.client.partition.assigned_indices` finds its share (the simulator
+        already gives each client ``partition-id`` and ``num-partitions``).
+    histogram
+        The split's label histogram, ready for a rich console.
+    num_clients
+        How many clients the data is split among.
+    """
+
+    path: Path
+    node_config: dict[str, Scalar]
+    histogram: RenderableType
+    num_clients: int
+
+
+def prepare_partitions(
+    config: RunConfig,
+    source: str,
+    directory: Path,
+    client_regions: Sequence[str] | None,
+) -> PartitionPlan | None:
+    """Split the run's data as ``simulation.partition`` says and write the partition file.
+
+    Called before any process starts, so a split that cannot give every client data stops
+    the run with the configuration's own vocabulary, not a crash in some client.
+
+    Parameters
+    ----------
+    config
+        The run configuration; ``run.seed`` seeds the split.
+    source
+        Where the configuration came from (its file), for error messages.
+    directory
+        Where to write :data:`PARTITION_FILE_NAME`; created if missing.
+    client_regions
+        Each client's region (``LinkModel.client_regions``); needed by ``by_region``.
+
+    Returns
+    -------
+    PartitionPlan or None
+        None when ``simulation.partition`` is unset (each app partitions its own data).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``simulation.labels`` if it is missing, cannot be loaded or returns no usable
+        labels, or ``simulation.partition`` if the split leaves a client without data.
+    """
+    simulation = config.simulation
+    if simulation.partition is None:
+        return None
+    labels = load_labels(simulation.labels, source)
+    parts = _partition_or_explain(simulation.partition, labels, config, source, client_regions)
+    path = directory / PARTITION_FILE_NAME
+    write_partition_file(path, parts)
+    title = f"label histogram: {describe_partition(simulation.partition)}"
+    return PartitionPlan(
+        path=path,
+        node_config={PARTITION_FILE_KEY: str(path)},
+        histogram=render_label_histogram(label_histogram(labels, parts), title=title),
+        num_clients=len(parts),
+    )
+
+
+def load_labels(spec: str | None, source: str) -> npt.NDArray[np.int64]:
+    """Call the ``simulation.labels`` callable; one non-negative class index per sample.
+
+    Raises
+    ------
+    ConfigError
+        At ``simulation.labels``: unset, not importable, not callable, failing, or
+        returning something other than a non-empty one-dimensional array of class indices.
+    """
+    if spec is None:
+        _fail(
+            source,
+            "simulation.labels",
+            "simulation.partition needs the training labels to split: set simulation.labels "
+            "to a callable 'module:attr' returning one class index per training sample",
+        )
+    try:
+        function = import_object(spec)
+    except UserCodeError as exc:
+        _fail(source, "simulation.labels", str(exc))
+    if not callable(function):
+        _fail(source, "simulation.labels", f"{spec!r} is not callable")
+    try:
+        result = function()
+    except Exception as exc:  # user code: any failure becomes a configuration problem
+        _fail(source, "simulation.labels", f"{spec}() failed: {type(exc).__name__}: {exc}")
+    return _as_class_indices(spec, result, source)
+
+
+def _as_class_indices(spec: str, result: object, source: str) -> npt.NDArray[np.int64]:
+    array = np.asarray(result)
+    if array.ndim != 1 or array.size == 0:
+        shape = "x".join(map(str, array.shape)) or "a scalar"
+        _fail(
+            source,
+            "simulation.labels",
+            f"{spec}() must return a non-empty one-dimensional array of labels, got shape {shape}",
+        )
+    if not np.issubdtype(array.dtype, np.integer):
+        _fail(
+            source,
+            "simulation.labels",
+            f"{spec}() must return integer class indices, got dtype {array.dtype}",
+        )
+    if array.min() < 0:
+        _fail(
+            source,
+            "simulation.labels",
+            f"{spec}() must return non-negative class indices, got {array.min()}",
+        )
+    return array.astype(np.int64)
+
+
+def _partition_or_explain(
+    scheme: PartitionConfig,
+    labels: npt.NDArray[np.int64],
+    config: RunConfig,
+    source: str,
+    client_regions: Sequence[str] | None,
+) -> list[IndexArray]:
+    clients, seed = config.simulation.clients, config.run.seed
+    try:
+        return partition_data(scheme, labels, clients, seed, client_regions)
+    except ValueError as exc:  # PartitionError included: its message names the fix
+        _fail(source, "simulation.partition", str(exc))
+
+
+def _fail(source: str, path: str, message: str) -> NoReturn:
+    raise ConfigError([ConfigProblem(source=source, path=path, message=message)])

@@ -20,6 +20,7 @@ from geofl.server.clock import LoopClock
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig
 from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.engine import RoundRecord
+from geofl.server.registry import Outcome, TaskRecord
 from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel
@@ -80,10 +81,19 @@ async def simulate_virtual(
     *,
     on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
     on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
+    on_round_start: Callable[[int], None] = lambda number: None,
+    on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
 ) -> VirtualRun:
     """Run ``config`` with virtual clients on the running (virtual-time) loop."""
     clock = LoopClock(asyncio.get_running_loop())
-    coordinator = Coordinator(config, on_round_end=on_round_end, clock=clock, listen=False)
+    coordinator = Coordinator(
+        config,
+        on_round_end=on_round_end,
+        clock=clock,
+        listen=False,
+        on_round_start=on_round_start,
+        on_task=on_task,
+    )
     links, per_client = client_links(config, traces)
     simulation = config.simulation
     setup = WorkerSetup(

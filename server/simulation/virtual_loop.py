@@ -30,7 +30,7 @@ __all__ = ["VirtualTimeLoop", "run_virtual"]
 T = TypeVar("T")
 
 
-class _JumpingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _JumpingSelector(selectors.DefaultSelector):
     """Polls instead of sleeping, and moves the loop's clock forward by the sleep."""
 
     def __init__(self) -> None:

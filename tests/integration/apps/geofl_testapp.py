@@ -78,3 +78,40 @@ class ShiftClient(Client):
 
 def shift_app(context: ClientContext) -> Client:
     return ShiftClient(1.0 + float(context.node_config.get("partition-id", 0)))
+
+
+def _ids(context: ClientContext, key: str) -> set[int]:
+    text = str(context.node_config.get(key, ""))
+    return {int(part) for part in text.split(",") if part.strip()}
+
+
+class VirtualClient(ShiftClient):
+    """``ShiftClient`` whose failure modes are chosen by partition id (node config lists)."""
+
+    def __init__(self, shift: float, behaviour: str) -> None:
+        super().__init__(shift)
+        self.behaviour = behaviour
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        if self.behaviour == "raise":
+            raise ValueError("deliberate failure in fit")
+        out = {
+            k: v + self.shift if v.dtype.kind == "f" else v + 1 for k, v in parameters.items()
+        }
+        if self.behaviour == "nan":
+            out = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in out.items()}
+        return out, 100, {"train_loss": self.shift}
+
+
+def virtual_app(context: ClientContext) -> Client:
+    """``raise-ids`` / ``nan-ids`` (comma-separated partition ids) fail or send NaN; each
+    client trains on 100 examples and adds ``1 + partition-id`` to every weight."""
+    index = int(context.node_config.get("partition-id", 0))
+    behaviour = "raise" if index in _ids(context, "raise-ids") else "ok"
+    behaviour = "nan" if index in _ids(context, "nan-ids") else behaviour
+    return VirtualClient(1.0 + index, behaviour)
+
+
+def make_medium_model() -> Weights:
+    """10,000 float32 values (40 kB): large enough for a codec to pay off."""
+    return {"w": np.zeros((200, 50), np.float32), "b": np.zeros(3, np.float32)}
