@@ -56,12 +56,25 @@ class RunResult:
 
 
 def build_strategy(config: RunConfig) -> Strategy:
-    """The configured strategy with its own parameters."""
+    """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
+    if config.schedule.mode == "diloco":
+        diloco = config.schedule.diloco
+        return make_strategy(
+            "diloco", outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum
+        )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
     for key in ("clients_per_round", "min_clients"):
         params.pop(key, None)
     return make_strategy(name, **params)
+
+
+def round_config(config: RunConfig) -> dict[str, Scalar]:
+    """What every fit task is configured with; mode diloco sets ``local_steps`` to H."""
+    values = dict(config.round_config)
+    if config.schedule.mode == "diloco":
+        values.setdefault("local_steps", config.schedule.diloco.local_steps)
+    return values
 
 
 def engine_settings(config: RunConfig) -> EngineSettings:
@@ -74,7 +87,7 @@ def engine_settings(config: RunConfig) -> EngineSettings:
         over_select=config.schedule.over_select,
         deadline_s=config.schedule.deadline_s,
         wait_for_clients_s=config.schedule.wait_for_clients_s,
-        round_config=dict(config.round_config),
+        round_config=round_config(config),
         evaluate_every=ev.every,
         evaluate_clients=config.evaluation_clients,
         evaluate_config=dict(ev.config),

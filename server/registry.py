@@ -80,6 +80,14 @@ class TaskRecord:
     #: The registry's clock; it dates the settlement (the engine may notice it later).
     clock: Clock = WALL_CLOCK
     settled_at: float | None = None
+    #: When the node had the model (download finished, or it already held the version).
+    downloaded_at: float | None = None
+
+    def mark_downloaded(self) -> None:
+        """The node holds the task's model now: the broadcast for it is done."""
+        if self.downloaded_at is None:
+            self.downloaded_at = self.clock.time()
+        self.downloaded.set()
 
     def settle(self, outcome: Outcome) -> None:
         """Resolve the task once; later outcomes are ignored."""

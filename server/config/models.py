@@ -27,6 +27,7 @@ from geofl.server.config.fields import (
     redact_url,
     split_address,
 )
+from geofl.server.config.schedule import AsyncConfig, DilocoConfig, SelectionConfig
 from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.simulation import (
     ComputeConfig,
@@ -92,8 +93,21 @@ class RunSection(Section):
 class ScheduleConfig(Section):
     """When rounds start and end."""
 
-    mode: Literal["sync"] = Field(
-        default="sync", description="Round shape; only synchronous for now."
+    mode: Literal["sync", "async", "diloco"] = Field(
+        default="sync",
+        description="'sync': synchronous rounds. 'async': buffered asynchronous aggregation "
+        "(FedBuff; see schedule.fedbuff). 'diloco': synchronous rounds of H local steps with "
+        "an outer Nesterov optimizer on the averaged pseudo-gradient (see schedule.diloco).",
+    )
+    selection: SelectionConfig = Field(
+        default_factory=SelectionConfig, description="How each round's cohort is chosen."
+    )
+    fedbuff: AsyncConfig = Field(
+        default_factory=AsyncConfig,
+        description="mode: async — buffer size, concurrency, staleness discount (FedBuff).",
+    )
+    diloco: DilocoConfig = Field(
+        default_factory=DilocoConfig, description="mode: diloco — local steps, outer optimizer."
     )
     deadline_s: float = Field(
         default=600.0,
@@ -390,6 +404,16 @@ class RunConfig(Section):
                 "summed in a ring, so a codec must be the same linear map for every client; "
                 "set secure_aggregation.ring_bits (e.g. 16) to quantize under masking instead "
                 "(see docs/secure-aggregation.md)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _diloco_owns_the_server_step(self) -> RunConfig:
+        """DiLoCo's outer optimizer is the server step; another strategy would be ignored."""
+        if self.schedule.mode == "diloco" and self.strategy.name != "fedavg":
+            raise ValueError(
+                f"schedule.mode diloco uses its own outer optimizer (schedule.diloco); "
+                f"strategy.name {self.strategy.name!r} would be ignored: leave it fedavg"
             )
         return self
 

@@ -243,7 +243,7 @@ class VirtualFleet:
                 return dropped
             task.bytes_down, task.bytes_down_raw = down_bytes, raw_down
             self._held[who.index] = task.model_version
-            task.downloaded.set()
+            task.mark_downloaded()
             result = await real_work(result_future)
         finally:
             result_future.cancel()

@@ -198,7 +198,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             task = session.mailbox.get_nowait()
             if not task.future.done():
                 if held == task.model_version:
-                    task.downloaded.set()  # nothing to download: broadcast is done
+                    task.mark_downloaded()  # nothing to download: broadcast is done
                 return self._task_message(task)
         if registry.finished.is_set():
             registry.shutdown_delivered.add(session.node_id)
@@ -249,7 +249,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             yield raw  # pre-encoded TensorChunk: see add_to_server
         task.bytes_down += broadcast.wire_bytes
         task.bytes_down_raw += broadcast.raw_bytes
-        task.downloaded.set()
+        task.mark_downloaded()
 
     async def Submit(  # noqa: N802
         self,

@@ -1,0 +1,117 @@
+"""Sections of ``schedule`` beyond the synchronous round: selection, async and DiLoCo."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from geofl.server.config.fields import Section
+
+__all__ = ["AsyncConfig", "DilocoConfig", "SelectionConfig", "StalenessConfig"]
+
+
+class SelectionConfig(Section):
+    """How a round's cohort is chosen among the available clients."""
+
+    policy: Literal["uniform", "deadline"] = Field(
+        default="uniform",
+        description="'uniform': a seeded uniform sample (Flower's behaviour). 'deadline': "
+        "clients predicted (from measured links and compute) to finish within "
+        "schedule.deadline_s, unmeasured ones explored; if none can, the fastest, recorded "
+        "as a fallback.",
+    )
+    margin: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        allow_inf_nan=False,
+        description="policy: deadline — a client fits if its predicted time is at most "
+        "margin x deadline_s.",
+    )
+    fairness: Literal["none", "proportional", "min_per_region"] = Field(
+        default="none",
+        description="Region balance: 'proportional' keeps each region's share of the "
+        "cohort near its share of available clients; 'min_per_region' takes at least "
+        "min_per_region from every region that has an eligible client.",
+    )
+    min_per_region: int = Field(
+        default=1, ge=0, description="fairness: min_per_region — clients per region."
+    )
+    utility: bool = Field(
+        default=False,
+        description="Oort-style: sample eligible clients by statistical utility (last "
+        "training loss x examples) times a speed penalty, instead of uniformly.",
+    )
+    exploration: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="Share of the cohort given to clients never measured yet.",
+    )
+
+
+class StalenessConfig(Section):
+    """How much an update computed on an old model counts (FedBuff)."""
+
+    function: Literal["constant", "polynomial", "hinge"] = Field(
+        default="polynomial",
+        description="'constant': 1; 'polynomial': (1 + s)^-exponent; 'hinge': 1 up to "
+        "hinge_at, then 1 / (1 + exponent (s - hinge_at)); s = versions behind.",
+    )
+    exponent: float = Field(
+        default=0.5, ge=0, allow_inf_nan=False, description="Exponent (or hinge slope)."
+    )
+    hinge_at: int = Field(default=4, ge=0, description="'hinge': staleness with full weight.")
+    max: int = Field(
+        default=20,
+        ge=1,
+        description="Updates more than this many versions behind are discarded (recorded "
+        "as late); must be at least 1.",
+    )
+
+
+class AsyncConfig(Section):
+    """Buffered asynchronous aggregation (FedBuff, Nguyen et al., 2022)."""
+
+    buffer_size: int = Field(
+        default=10, ge=1, description="K: the server applies an update every K arrivals."
+    )
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Clients training at any time; null = strategy.clients_per_round.",
+    )
+    staleness: StalenessConfig = Field(
+        default_factory=StalenessConfig, description="Discount of stale updates."
+    )
+    updates: int | None = Field(
+        default=None,
+        ge=1,
+        description="Server updates (model versions) in the run; null = run.rounds. Each "
+        "one is recorded as a round.",
+    )
+
+
+class DilocoConfig(Section):
+    """DiLoCo (Douillard et al., 2023): H local steps, outer Nesterov momentum."""
+
+    local_steps: int = Field(
+        default=50,
+        ge=1,
+        description="H: inner optimizer steps per client per round (sent as round config "
+        "local_steps).",
+    )
+    outer_lr: float = Field(
+        default=0.7, gt=0, allow_inf_nan=False, description="Outer learning rate."
+    )
+    outer_momentum: float = Field(
+        default=0.9, ge=0, lt=1, allow_inf_nan=False, description="Outer Nesterov momentum."
+    )
+
+    @model_validator(mode="after")
+    def _sane(self) -> DilocoConfig:
+        if self.outer_lr > 10:
+            raise ValueError(f"outer_lr {self.outer_lr} is implausibly large (DiLoCo uses 0.7)")
+        return self

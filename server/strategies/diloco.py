@@ -1,0 +1,60 @@
+"""DiLoCo's outer optimizer (Douillard et al., 2023): Nesterov momentum on the pseudo-gradient.
+
+Clients run H inner steps (``local_steps`` in the round config) from the global model; the
+server treats the averaged change as a pseudo-gradient ``g = -mean_delta`` and takes one
+outer SGD step with Nesterov momentum, in PyTorch's formulation::
+
+    v = mu * v + g
+    w = w - lr * (g + mu * v)
+
+Written in geofl's sign convention (``mean_delta = client - global``), with ``u = -v``::
+
+    u = mu * u + mean_delta
+    w = w + lr * (mean_delta + mu * u)
+
+With ``mu = 0`` and ``lr = 1`` this is FedAvg.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from geofl.protocols.types import Config
+from geofl.server.strategies._numeric import F64Array
+from geofl.server.strategies.fedavg import FedAvg
+from geofl.server.strategies.server_opt import check_range
+
+__all__ = ["DiLoCo"]
+
+
+class DiLoCo(FedAvg):
+    """Outer Nesterov SGD on the averaged pseudo-gradient.
+
+    Parameters
+    ----------
+    outer_lr
+        Outer learning rate (DiLoCo uses 0.7), > 0.
+    outer_momentum
+        Nesterov momentum in [0, 1) (DiLoCo uses 0.9).
+    """
+
+    name: ClassVar[str] = "diloco"
+    slots: ClassVar[tuple[str, ...]] = ("momentum",)
+
+    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.9) -> None:
+        super().__init__(server_lr=outer_lr)
+        self.outer_momentum = check_range(
+            "outer_momentum", outer_momentum, 0.0, 1.0, low_open=False, high_open=True
+        )
+
+    def hyperparameters(self) -> Config:
+        """Return ``{"outer_lr": ..., "outer_momentum": ...}``."""
+        return {"outer_lr": self.server_lr, "outer_momentum": self.outer_momentum}
+
+    def _step(
+        self, delta: F64Array, state: Mapping[str, F64Array], server_round: int
+    ) -> tuple[F64Array, dict[str, F64Array]]:
+        """Nesterov look-ahead: step along the delta plus the updated momentum."""
+        velocity = self.outer_momentum * state["momentum"] + delta
+        return self.server_lr * (delta + self.outer_momentum * velocity), {"momentum": velocity}
