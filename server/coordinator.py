@@ -263,12 +263,8 @@ class Coordinator:
 
     def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
         """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
-        now = self.clock.now()
         with self.db.session() as session:
-            return [
-                queries.upsert_node(session, self.run_id, name, region, {}, now=now).id
-                for name, region in nodes
-            ]
+            return queries.upsert_nodes(session, self.run_id, nodes, now=self.clock.now())
 
     @property
     def models(self) -> ModelStore:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -33,7 +34,7 @@ class DatabaseRecorder(Recorder):
         #: Participations wait here and are written in one transaction at the next phase
         #: change, commit or failure: a thousand clients settling in a round would
         #: otherwise be a thousand transactions on the event loop.
-        self._pending: list[dict[str, object]] = []
+        self._pending: list[tuple[int, dict[str, Any]]] = []
         self._db = db
         self._store = store
         self._run_id = run_id
@@ -62,32 +63,33 @@ class DatabaseRecorder(Recorder):
     def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         finished = _utc(task.settled_at) or self._clock.now()
         started = _utc(task.started_at or task.issued_at)
-        self._pending.append(
-            dict(
-                round_id=self._round_ids[number],
-                node_id=task.node_id,
-                task_id=task.task_id,
-                kind=task.kind,
-                status=outcome.status,
-                reason=outcome.reason,
-                num_examples=outcome.num_examples,
-                bytes_up=outcome.bytes_up,
-                bytes_down=task.bytes_down,
-                bytes_up_raw=outcome.bytes_up_raw,
-                bytes_down_raw=task.bytes_down_raw,
-                compute_s=outcome.compute_s,
-                duration_s=(finished - started).total_seconds() if started else None,
-                loss=outcome.loss,
-                metrics=dict(outcome.metrics),
-                started_at=started,
-                finished_at=finished,
-            )
+        values = queries.participation_values(
+            task.node_id,
+            task_id=task.task_id,
+            kind=task.kind,
+            status=outcome.status,
+            reason=outcome.reason,
+            num_examples=outcome.num_examples,
+            bytes_up=outcome.bytes_up,
+            bytes_down=task.bytes_down,
+            bytes_up_raw=outcome.bytes_up_raw,
+            bytes_down_raw=task.bytes_down_raw,
+            compute_s=outcome.compute_s,
+            duration_s=(finished - started).total_seconds() if started else None,
+            loss=outcome.loss,
+            metrics=dict(outcome.metrics),
+            started_at=started,
+            finished_at=finished,
         )
+        self._pending.append((self._round_ids[number], values))
 
     def _write_pending(self, session: Session) -> None:
         pending, self._pending = self._pending, []
-        for values in pending:
-            queries.record_participation(session, **values)  # type: ignore[arg-type]
+        by_round: dict[int, list[dict[str, Any]]] = {}
+        for round_id, values in pending:
+            by_round.setdefault(round_id, []).append(values)
+        for round_id, rows in by_round.items():
+            queries.record_participations(session, round_id, rows)
 
     async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
         checkpoint = await asyncio.to_thread(

@@ -12,12 +12,18 @@ Timestamps default to the current UTC time; a simulation on a virtual clock pass
 (:mod:`geofl.storage.records`) with ``to_dict()``; writes return the ORM rows, which stay
 readable after the session ends.
 
-The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds` and
-:mod:`~geofl.storage.reports`; this module is the one place to import them from.
+The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds`,
+:mod:`~geofl.storage.reports` and :mod:`~geofl.storage.measurements`; this module is the
+one place to import them from.
 """
 
 from __future__ import annotations
 
+from geofl.storage.measurements import (
+    latest_measurements,
+    measurements_of,
+    record_measurements,
+)
 from geofl.storage.reports import (
     checkpoints_of,
     get_run,
@@ -28,7 +34,9 @@ from geofl.storage.reports import (
 from geofl.storage.rounds import (
     commit_round,
     fail_round,
+    participation_values,
     record_participation,
+    record_participations,
     set_round_phase,
     start_round,
 )
@@ -40,6 +48,7 @@ from geofl.storage.runs import (
     mark_node,
     mark_run_nodes,
     upsert_node,
+    upsert_nodes,
 )
 
 __all__ = [
@@ -52,12 +61,18 @@ __all__ = [
     "finish_run",
     "get_run",
     "latest_checkpoint",
+    "latest_measurements",
     "list_runs",
     "mark_node",
     "mark_run_nodes",
+    "measurements_of",
+    "participation_values",
+    "record_measurements",
     "record_participation",
+    "record_participations",
     "run_detail",
     "set_round_phase",
     "start_round",
     "upsert_node",
+    "upsert_nodes",
 ]

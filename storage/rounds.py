@@ -7,7 +7,7 @@ or :func:`fail_round`. Each function only flushes; the caller owns the transacti
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +35,9 @@ from geofl.storage.values import json_object as _metrics
 __all__ = [
     "commit_round",
     "fail_round",
+    "participation_values",
     "record_participation",
+    "record_participations",
     "set_round_phase",
     "start_round",
 ]
@@ -146,24 +148,7 @@ def set_round_phase(
     return row
 
 
-def _participation_row(
-    session: Session, round_id: int, task_id: int, attempt: int
-) -> Participation:
-    key = (
-        Participation.round_id == round_id,
-        Participation.task_id == task_id,
-        Participation.attempt == attempt,
-    )
-    row = session.scalars(select(Participation).where(*key)).one_or_none()
-    if row is None:
-        row = Participation(round_id=round_id, task_id=task_id, attempt=attempt)
-        session.add(row)
-    return row
-
-
-def record_participation(
-    session: Session,
-    round_id: int,
+def participation_values(
     node_id: int,
     *,
     task_id: int,
@@ -182,17 +167,18 @@ def record_participation(
     metrics: Mapping[str, Any] | None = None,
     started_at: datetime | None = None,
     finished_at: datetime | None = None,
-) -> Participation:
-    """Record (or update) one task attempt, keyed by (round, ``task_id``, ``attempt``).
+) -> dict[str, Any]:
+    """One participation's columns, validated (what :func:`record_participations` takes).
 
-    Recording the same key again overwrites it, so a retried upload or a late status
-    change is idempotent. Every selected node should get a row (``dropped`` if it never
-    answered): :func:`commit_round` derives the round's counts from these rows.
+    Raises
+    ------
+    ValueError
+        On an unknown kind or status, or metrics that are not JSON-safe.
     """
-    # Validate everything before touching the session, so a bad argument leaves no
-    # half-built row behind for the caller's commit.
-    values: dict[str, Any] = {
+    return {
         "node_id": node_id,
+        "task_id": task_id,
+        "attempt": attempt,
         "kind": choice(TaskKind, kind, "task kind").value,
         "status": choice(ParticipationStatus, status, "participation status").value,
         "reason": reason,
@@ -208,15 +194,67 @@ def record_participation(
         "started_at": _now(started_at),
         "finished_at": None if finished_at is None else _now(finished_at),
     }
+
+
+def record_participation(
+    session: Session, round_id: int, node_id: int, **fields: Any
+) -> Participation:
+    """Record (or update) one task attempt, keyed by (round, ``task_id``, ``attempt``).
+
+    ``fields`` are those of :func:`participation_values`. Recording the same key again
+    overwrites it, so a retried upload or a late status change is idempotent. Every
+    selected node should get a row (``dropped`` if it never answered): :func:`commit_round`
+    derives the round's counts from these rows.
+    """
+    # Validate everything before touching the session, so a bad argument leaves no
+    # half-built row behind for the caller's commit.
+    values = participation_values(node_id, **fields)
+    rows = record_participations(session, round_id, [values])
+    return rows[0]
+
+
+def record_participations(
+    session: Session, round_id: int, rows: Sequence[Mapping[str, Any]]
+) -> list[Participation]:
+    """Record many attempts of one round in one go (values from :func:`participation_values`).
+
+    Two queries however many rows: which nodes belong to the run, and which keys exist
+    already (those rows are overwritten, as in :func:`record_participation`).
+
+    Raises
+    ------
+    RecordNotFoundError
+        If the round does not exist, or a node is not part of the round's run.
+    """
     row = _get_round(session, round_id)
-    node = session.get(Node, node_id)
-    if node is None or node.run_id != row.run_id:
-        raise RecordNotFoundError(f"node {node_id} is not part of run {row.run_id}")
-    participation = _participation_row(session, round_id, task_id, attempt)
-    for name, value in values.items():
-        setattr(participation, name, value)
+    node_ids = {values["node_id"] for values in rows}
+    known = set(
+        session.scalars(select(Node.id).where(Node.id.in_(node_ids), Node.run_id == row.run_id))
+    )
+    unknown = sorted(node_ids - known)
+    if unknown:
+        raise RecordNotFoundError(f"node {unknown[0]} is not part of run {row.run_id}")
+    task_ids = {values["task_id"] for values in rows}
+    existing = {
+        (p.task_id, p.attempt): p
+        for p in session.scalars(
+            select(Participation).where(
+                Participation.round_id == round_id, Participation.task_id.in_(task_ids)
+            )
+        )
+    }
+    written: list[Participation] = []
+    for values in rows:
+        participation = existing.get((values["task_id"], values["attempt"]))
+        if participation is None:
+            participation = Participation(round_id=round_id)
+            session.add(participation)
+            existing[(values["task_id"], values["attempt"])] = participation
+        for name, value in values.items():
+            setattr(participation, name, value)
+        written.append(participation)
     session.flush()
-    return participation
+    return written
 
 
 def _participation_totals(session: Session, round_id: int) -> tuple[int, int, int, int, int, int]:

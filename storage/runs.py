@@ -6,7 +6,7 @@ Each function takes the caller's session and only flushes: the caller's
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -139,6 +139,46 @@ def upsert_node(
     node.status = NodeStatus.ONLINE.value
     session.flush()
     return node
+
+
+#: Names per ``IN (...)`` query (PostgreSQL drivers cap a statement's parameters).
+_IN_CHUNK = 5000
+
+
+def upsert_nodes(
+    session: Session,
+    run_id: int,
+    nodes: Sequence[tuple[str, str | None]],
+    *,
+    now: datetime | None = None,
+) -> list[int]:
+    """:func:`upsert_node` for many ``(name, region)`` pairs with empty configs, in bulk.
+
+    Two statements however many nodes (a simulation joins ten thousand at once); returns
+    the node ids in the order given.
+    """
+    when = _now(now)
+    get_run(session, run_id)
+    names = [name for name, _ in nodes]
+    if len(set(names)) != len(names):
+        raise ValueError("node names must be unique")
+    existing: dict[str, Node] = {}
+    for start in range(0, len(names), _IN_CHUNK):  # bound the statement's parameter count
+        chunk = names[start : start + _IN_CHUNK]
+        statement = select(Node).where(Node.run_id == run_id, Node.name.in_(chunk))
+        existing.update((node.name, node) for node in session.scalars(statement))
+    for name, region in nodes:
+        node = existing.get(name)
+        if node is None:
+            node = Node(run_id=run_id, name=name, first_seen=when)
+            session.add(node)
+            existing[name] = node
+        node.region = region
+        node.node_config = {}
+        node.last_seen = when
+        node.status = NodeStatus.ONLINE.value
+    session.flush()
+    return [existing[name].id for name in names]
 
 
 def mark_node(

@@ -17,6 +17,7 @@ from geofl.storage import (
     RoundStateError,
     RunNotFoundError,
     config_digest,
+    open_database,
     queries,
 )
 from geofl.storage.models import Checkpoint, Event, Node, Participation, Round, Run
@@ -285,3 +286,43 @@ def test_concurrent_writers_do_not_collide(database: Database) -> None:
     with database.session() as session:
         queries.commit_round(session, round_id, checkpoint=None)
         assert session.get(Round, round_id).num_selected == 30  # type: ignore[union-attr]
+
+
+def test_bulk_node_upsert_keeps_ids_and_updates_regions(database_url: str) -> None:
+    db = open_database(database_url)
+    try:
+        with db.session() as session:
+            run_id = queries.create_run(session, "bulk", CONFIG, rounds_planned=1, now=T0).id
+            first = queries.upsert_nodes(session, run_id, [("a", "x"), ("b", None)], now=T0)
+        with db.session() as session:
+            again = queries.upsert_nodes(session, run_id, [("b", "y"), ("c", "x"), ("a", "x")])
+            regions = {n.name: n.region for n in session.scalars(select(Node))}
+        assert again[0] == first[1] and again[2] == first[0] and again[1] not in first
+        assert regions == {"a": "x", "b": "y", "c": "x"}
+        with db.session() as session, pytest.raises(ValueError, match="unique"):
+            queries.upsert_nodes(session, run_id, [("a", None), ("a", None)])
+    finally:
+        db.close()
+
+
+def test_bulk_participations_overwrite_by_key_and_refuse_strangers(database_url: str) -> None:
+    db = open_database(database_url)
+    try:
+        with db.session() as session:
+            run_id = queries.create_run(session, "parts", CONFIG, rounds_planned=1, now=T0).id
+            node = queries.upsert_node(session, run_id, "n", None, now=T0).id
+            round_id = queries.start_round(session, run_id, 1, 2, now=T0).id
+            rows = [
+                queries.participation_values(node, task_id=t, kind="fit", status="ok")
+                for t in (1, 2)
+            ]
+            queries.record_participations(session, round_id, rows)
+            late = queries.participation_values(node, task_id=2, kind="fit", status="late")
+            queries.record_participations(session, round_id, [late])
+            statuses = sorted((p.task_id, p.status) for p in session.scalars(select(Participation)))
+            assert statuses == [(1, "ok"), (2, "late")]
+            stranger = queries.participation_values(node + 999, task_id=3, kind="fit", status="ok")
+            with pytest.raises(RecordNotFoundError, match="not part of run"):
+                queries.record_participations(session, round_id, [stranger])
+    finally:
+        db.close()
