@@ -1,7 +1,7 @@
 """geofl.storage: the coordinator's durable state.
 
-SQLAlchemy models and Alembic migrations for runs, nodes, rounds, participations,
-checkpoints and events; query functions that take an explicit session; and a
+SQLAlchemy models and Alembic migrations for runs, nodes, rounds, participations, link
+measurements, checkpoints and events; query functions that take an explicit session; and a
 content-addressed checkpoint store for model weights (safetensors, SHA-256 verified).
 
 Typical use by the server::
@@ -32,10 +32,12 @@ from geofl.storage.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from geofl.storage.measurements import LinkMeasurement, NodeMeasurementRecord
 from geofl.storage.models import (
     Checkpoint,
     Event,
     Node,
+    NodeMeasurement,
     NodeStatus,
     Participation,
     ParticipationStatus,
@@ -58,7 +60,10 @@ __all__ = [
     "Database",
     "DatabaseURLError",
     "Event",
+    "LinkMeasurement",
     "Node",
+    "NodeMeasurement",
+    "NodeMeasurementRecord",
     "NodeStatus",
     "Participation",
     "ParticipationRecord",

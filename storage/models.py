@@ -1,11 +1,11 @@
-"""SQLAlchemy 2.0 models: runs, nodes, rounds, participations, checkpoints, events.
+"""SQLAlchemy 2.0 models: runs, nodes, rounds, participations, measurements, checkpoints, events.
 
 The schema is the coordinator's durable state: a coordinator killed at any point
 restarts, reads these tables, and carries on. Timestamps are always timezone-aware UTC
 (SQLite stores them naive, :class:`UTCDateTime` restores the zone). Relationships are
-``lazy="raise"`` so every query states what it loads. The hand-written migration
-``migrations/versions/0001_initial.py`` must match these classes exactly; a test
-compares them.
+``lazy="raise"`` so every query states what it loads. The hand-written migrations
+(``migrations/versions/0001_initial.py`` and the later revisions) must match these
+classes exactly; a test compares them.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ __all__ = [
     "Checkpoint",
     "Event",
     "Node",
+    "NodeMeasurement",
     "NodeStatus",
     "Participation",
     "ParticipationStatus",
@@ -318,3 +319,27 @@ class Event(Base):
     message: Mapped[str] = mapped_column(Text)
     data: Mapped[dict[str, Any]] = mapped_column(default=dict)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class NodeMeasurement(Base):
+    """What the server had measured of one node's link and compute after one round.
+
+    The values are the smoothed estimates of
+    :class:`geofl.server.scheduling.LinkEstimator` (seconds, bit/s, samples/s, and a
+    fraction for availability); each is ``NULL`` until it was first observed.
+    """
+
+    __tablename__ = "node_measurements"
+    __table_args__ = (UniqueConstraint("round_id", "node_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    round_id: Mapped[int] = mapped_column(ForeignKey("rounds.id", ondelete="CASCADE"))
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    rtt_s: Mapped[float | None] = mapped_column(Float)
+    down_bps: Mapped[float | None] = mapped_column(Float)
+    up_bps: Mapped[float | None] = mapped_column(Float)
+    samples_per_s: Mapped[float | None] = mapped_column(Float)
+    availability: Mapped[float | None] = mapped_column(Float)
+    observations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: The newest round whose tasks went into the estimates.
+    last_round: Mapped[int | None] = mapped_column(Integer)

@@ -6,12 +6,15 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy import inspect as inspect_schema
 from sqlalchemy import make_url
+from sqlalchemy.orm import Session
 
 from geofl.server.cli.exit_codes import ExitCode
 from geofl.storage import (
@@ -22,6 +25,7 @@ from geofl.storage import (
     redact_url,
 )
 from geofl.storage.errors import DatabaseURLError, RunNotFoundError
+from geofl.storage.measurements import NodeMeasurementRecord
 from geofl.storage.records import RunDetail, RunSummary
 
 DEFAULT_DB = "sqlite:///runs/geofl.db"
@@ -68,8 +72,12 @@ def runs_table(runs: list[RunSummary]) -> Table:
     return table
 
 
-def detail_tables(detail: RunDetail) -> list[Table]:
-    """``geofl runs show`` as tables: rounds, then participations."""
+def detail_tables(detail: RunDetail, links: Sequence[NodeMeasurementRecord] = ()) -> list[Table]:
+    """``geofl runs show`` as tables: rounds, traffic by region, links, participations.
+
+    The links table (what the server measured of each node) is left out when no
+    measurements were stored for the run.
+    """
     run = detail.run
     rounds = Table(
         title=f"run {run.id} '{run.name}': {run.status}"
@@ -130,7 +138,8 @@ def detail_tables(detail: RunDetail) -> list[Table]:
             _traffic(p.bytes_down, p.bytes_down_raw),
             p.reason or "",
         )
-    return [rounds, regions_table(detail), clients]
+    measured = [links_table(links)] if links else []
+    return [rounds, regions_table(detail), *measured, clients]
 
 
 def regions_table(detail: RunDetail) -> Table:
@@ -153,6 +162,43 @@ def regions_table(detail: RunDetail) -> Table:
             region, str(len(nodes[region])), _mb(up), _mb(up_raw), _mb(down), _mb(down_raw)
         )
     return table
+
+
+def links_table(links: Sequence[NodeMeasurementRecord]) -> Table:
+    """What the server measured of each node, as of the newest round it was measured in."""
+    table = Table(title="links (measured)")
+    for column in (
+        "node",
+        "region",
+        "round",
+        "RTT ms",
+        "down Mbit/s",
+        "up Mbit/s",
+        "samples/s",
+        "availability",
+        "tasks",
+    ):
+        table.add_column(column)
+    for m in links:
+        table.add_row(
+            f"{m.node_id} {m.node_name}",
+            m.node_region or "-",
+            str(m.round_number),
+            _num(None if m.rtt_s is None else m.rtt_s * 1e3, ".1f"),
+            _num(None if m.down_bps is None else m.down_bps / 1e6, ".2f"),
+            _num(None if m.up_bps is None else m.up_bps / 1e6, ".2f"),
+            _num(m.samples_per_s, ".1f"),
+            _num(m.availability, ".2f"),
+            str(m.observations),
+        )
+    return table
+
+
+def _measured_links(session: Session, run_id: int) -> list[NodeMeasurementRecord]:
+    """The run's newest link measurements; none in a database that predates them."""
+    if not inspect_schema(session.connection()).has_table("node_measurements"):
+        return []
+    return queries.latest_measurements(session, run_id)
 
 
 def _traffic(wire: int, raw: int) -> str:
@@ -197,6 +243,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                     console.print(runs_table(runs))
                 return ExitCode.OK
             detail = queries.run_detail(session, args.run_id)
+            links = _measured_links(session, args.run_id)
     except (StorageUnavailableError, DatabaseURLError) as exc:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.STORAGE_UNAVAILABLE
@@ -204,11 +251,12 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     if args.json:
-        print(json.dumps(detail.to_dict(), indent=2))
+        shown = {**detail.to_dict(), "links": [m.to_dict() for m in links]}
+        print(json.dumps(shown, indent=2))
     else:
-        for table in detail_tables(detail):
+        for table in detail_tables(detail, links):
             console.print(table)
     return ExitCode.OK
 
 
-__all__ = ["detail_tables", "run_inspect", "runs_table"]
+__all__ = ["detail_tables", "links_table", "run_inspect", "runs_table"]
