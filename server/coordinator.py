@@ -22,6 +22,7 @@ from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
+from geofl.server.async_engine import fedbuff_engine
 from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
@@ -29,9 +30,12 @@ from geofl.server.loading import UserCodeError, load_initial_weights, load_serve
 from geofl.server.model_store import ModelStore
 from geofl.server.recorder import DatabaseRecorder
 from geofl.server.registry import Outcome, Registry, TaskRecord
+from geofl.server.scheduling import LinkEstimator
+from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.secure_round import SecureSettings
 from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import Strategy, make_strategy
+from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, open_database, queries
 
@@ -59,9 +63,7 @@ def build_strategy(config: RunConfig) -> Strategy:
     """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
     if config.schedule.mode == "diloco":
         diloco = config.schedule.diloco
-        return make_strategy(
-            "diloco", outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum
-        )
+        return DiLoCo(outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum)
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
     for key in ("clients_per_round", "min_clients"):
@@ -71,7 +73,7 @@ def build_strategy(config: RunConfig) -> Strategy:
 
 def round_config(config: RunConfig) -> dict[str, Scalar]:
     """What every fit task is configured with; mode diloco sets ``local_steps`` to H."""
-    values = dict(config.round_config)
+    values: dict[str, Scalar] = dict(config.round_config)
     if config.schedule.mode == "diloco":
         values.setdefault("local_steps", config.schedule.diloco.local_steps)
     return values
@@ -285,7 +287,7 @@ class Coordinator:
         if self._server is None and self._listen:
             await self.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
-        engine = RoundEngine(
+        engine = (fedbuff_engine(self.config.schedule) or RoundEngine)(
             engine_settings(self.config),
             self.registry,
             self.strategy,
@@ -310,6 +312,7 @@ class Coordinator:
             clock=self.clock,
             on_round_start=self._on_round_start,
             on_task=self._on_task,
+            scheduler=self._scheduler(),
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
         status, error = "completed", None
@@ -323,6 +326,26 @@ class Coordinator:
             queries.finish_run(session, self.run_id, status, error, now=self.clock.now())
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
+
+    def _scheduler(self) -> Scheduler:
+        """Measurements always; deadline-aware selection and adaptive codecs if configured."""
+        config = self.config
+        compression = config.compression
+        estimator = LinkEstimator()
+        with self.db.session() as session:
+            estimator.load(queries.latest_measurements(session, self.run_id))
+        settings = SchedulerSettings(
+            selection=config.schedule.selection,
+            deadline_s=config.schedule.deadline_s,
+            over_select=config.schedule.over_select,
+            model_bytes=model_bytes(spec_of(self.weights)),
+            min_clients=config.strategy.min_clients,
+            adaptive=compression.adaptive,
+            min_bytes=compression.min_bytes,
+            error_feedback=compression.error_feedback,
+            max_staleness=compression.max_staleness,
+        )
+        return Scheduler(settings, estimator)
 
     async def _shutdown_clients(self) -> None:
         """Tell every online client the run is over, then stop serving."""

@@ -37,6 +37,8 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
+from geofl.server.scheduling.measurements import LinkEstimate
+from geofl.server.scheduling.scheduler import Scheduler
 from geofl.server.secagg import SecAggServer
 from geofl.server.secure_round import (
     SecureSettings,
@@ -144,6 +146,12 @@ class Recorder:
     def round_failed(self, record: RoundRecord, reason: str) -> None:
         """The round failed; nothing was applied."""
 
+    def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
+        """The scheduler's plan for round ``number``: predictions per client, any fallback."""
+
+    def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
+        """The link estimates after round ``number``."""
+
 
 class RoundEngine:
     """Runs rounds ``start_round..rounds`` of one run."""
@@ -165,8 +173,10 @@ class RoundEngine:
         clock: Clock = WALL_CLOCK,
         on_round_start: Callable[[int], None] = lambda number: None,
         on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         self._cfg = settings
+        self._scheduler = scheduler
         self._clock = clock
         self._on_round_start = on_round_start
         self._on_task = on_task
@@ -199,6 +209,9 @@ class RoundEngine:
                 await self._models.publish(number, self.weights)
             else:
                 self._on_round_end(record, "committed")
+            if self._scheduler is not None:
+                seen = [e for e in self._scheduler.estimates() if e.last_round == number]
+                self._recorder.measurements(number, seen)
             self._models.drop(number - 1)
 
     async def evaluate_only(self, number: int) -> RoundRecord:
@@ -418,7 +431,13 @@ class RoundEngine:
         target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select))
         available = await self._grace_for_target(available, target, deadline)
         rng = random.Random(self._cfg.seed * 1_000_003 + number)
-        return rng.sample(available, min(target, len(available)))
+        if self._scheduler is None:
+            return rng.sample(available, min(target, len(available)))
+        choice = self._scheduler.choose(available, target, number, rng)
+        event = choice.event()
+        if event is not None:
+            self._recorder.plan(number, *event)
+        return choice.sessions
 
     async def _grace_for_target(
         self, available: list[NodeSession], target: int, deadline: float
@@ -458,11 +477,17 @@ class RoundEngine:
                 version,
                 dict(config),
                 deadline,
-                upload=self._upload_plan(s.region) if plain_fit else None,
+                upload=self._plan_upload(s) if plain_fit else None,
                 secagg=secagg(s) if secagg is not None else None,
             )
             for s in cohort
         ]
+
+    def _plan_upload(self, session: NodeSession) -> UploadPlan | None:
+        default = self._upload_plan(session.region)
+        if self._scheduler is None:
+            return default
+        return self._scheduler.upload_plan(session, default)
 
     async def _until_downloaded(self, tasks: Sequence[TaskRecord]) -> None:
         waits = [
@@ -500,6 +525,8 @@ class RoundEngine:
                     outcome = await on_ok(task, outcome)
                 record.outcomes.append((task, outcome))
                 self._recorder.participation(record.number, task, outcome)
+                if self._scheduler is not None:
+                    self._scheduler.observe(task, outcome)
                 self._on_task(task, outcome)
                 if outcome.status == "ok":
                     successes.append(outcome)

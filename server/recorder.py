@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -12,6 +13,7 @@ from geofl.protocols.types import WeightsView
 from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.engine import Phase, Recorder, RoundRecord
 from geofl.server.registry import Outcome, TaskRecord
+from geofl.server.scheduling.measurements import LinkEstimate
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 
 
@@ -111,6 +113,24 @@ class DatabaseRecorder(Recorder):
             )
         if self._keep is not None:
             await asyncio.to_thread(self._prune, self._keep)
+
+    def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
+        with self._db.session() as session:
+            queries.add_event(
+                session,
+                "round.plan",
+                message,
+                run_id=self._run_id,
+                round=number,
+                data=data,
+                now=self._clock.now(),
+            )
+
+    def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
+        if not estimates or number not in self._round_ids:
+            return
+        with self._db.session() as session:
+            queries.record_measurements(session, self._round_ids[number], estimates)
 
     def _prune(self, keep: int) -> None:
         """Delete checkpoint files beyond the newest ``keep`` (rows stay as history)."""

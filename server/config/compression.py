@@ -62,6 +62,13 @@ class CompressionConfig(Section):
     regions: dict[str, RegionCompression] = Field(
         default_factory=dict, description="Per-region overrides of up and down."
     )
+    adaptive: bool = Field(
+        default=False,
+        description="Choose each client's upload chain from its measured uplink: the least "
+        "lossy of raw, fp16, qsgd 8-bit, topk 10% + fp16, topk 1% + fp16 that arrives within "
+        "schedule.deadline_s after its predicted download and compute (unmeasured clients "
+        "use up).",
+    )
 
     def up_chain(self, region: str | None) -> Chain:
         """The upload chain for a client in ``region``."""

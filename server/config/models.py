@@ -398,7 +398,7 @@ class RunConfig(Section):
                 "reveals that update"
             )
         chains = [self.compression.up] + [r.up for r in self.compression.regions.values() if r.up]
-        if any(chains):
+        if any(chains) or self.compression.adaptive:
             raise ValueError(
                 "compression.up cannot be combined with secure_aggregation: masked updates are "
                 "summed in a ring, so a codec must be the same linear map for every client; "

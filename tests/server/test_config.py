@@ -101,12 +101,15 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
     assert (cfg.run.rounds, cfg.run.seed) == (3, 0)
     assert cfg.strategy == FedAvgConfig(name="fedavg", clients_per_round=2, min_clients=2)
     assert cfg.strategy.server_lr == 1.0
-    assert cfg.schedule.model_dump() == {
+    schedule = cfg.schedule.model_dump()
+    assert {k: schedule[k] for k in ("mode", "deadline_s", "wait_for_clients_s")} == {
         "mode": "sync",
         "deadline_s": 600.0,
         "wait_for_clients_s": 300.0,
-        "over_select": 1.0,
     }
+    assert schedule["over_select"] == 1.0
+    # Flower's behaviour unless asked: uniform selection, no adaptive codecs.
+    assert schedule["selection"]["policy"] == "uniform" and cfg.compression.adaptive is False
     assert cfg.round_config == {} and cfg.evaluation.config == {}
     assert (cfg.evaluation.every, cfg.evaluation.clients, cfg.evaluation.server) == (1, None, None)
     assert cfg.evaluation_clients == 2
@@ -240,8 +243,10 @@ def test_wrong_strategy_name_lists_allowed_values(tmp_path: Path) -> None:
 
 
 def test_wrong_literal_lists_allowed_values(tmp_path: Path) -> None:
-    path = write(tmp_path, MINIMAL + "schedule: {mode: async}\n")
-    assert problems_of(path) == [f"{path}:3: schedule.mode: 'async' is not one of sync"]
+    path = write(tmp_path, MINIMAL + "schedule: {mode: asynchronous}\n")
+    assert problems_of(path) == [
+        f"{path}:3: schedule.mode: 'asynchronous' is not one of sync, async, diloco"
+    ]
 
 
 def test_strategy_that_is_not_a_mapping(tmp_path: Path) -> None:
