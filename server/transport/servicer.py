@@ -247,6 +247,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise
         for raw in broadcast.chunks:
             yield raw  # pre-encoded TensorChunk: see add_to_server
+            # The client is reading (flow control let the chunk go): it is alive, even if
+            # its heartbeats queue behind this transfer on a slow link.
+            session.last_seen = self._s.registry.clock.monotonic()
         task.bytes_down += broadcast.wire_bytes
         task.bytes_down_raw += broadcast.raw_bytes
         task.mark_downloaded()
@@ -275,7 +278,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             task.settle(Outcome("late", "result arrived after the round deadline"))
             raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
         try:
-            outcome = await self._receive(task, header, messages)
+            outcome = await self._receive(task, header, self._alive_while(session, messages))
         except TruncatedStreamError as exc:
             task.settle(Outcome("dropped", f"upload ended early (client disconnected?): {exc}"))
             raise
@@ -289,6 +292,19 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         outcome.bytes_up_raw += len(raw or b"")
         task.settle(outcome)
         return pb.SubmitReply(accepted=True)
+
+    async def _alive_while(
+        self, session: NodeSession, messages: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        """Pass ``messages`` through; every chunk from the node counts as a heartbeat.
+
+        On a slow uplink a large upload can hold the node's heartbeats back (they share
+        its connection) for longer than the heartbeat patience: the upload itself is the
+        proof of life.
+        """
+        async for raw in messages:
+            session.last_seen = self._s.registry.clock.monotonic()
+            yield raw
 
     async def _receive(
         self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
