@@ -232,7 +232,7 @@ class Coordinator:
                     session,
                     cfg.run.name,
                     cfg.to_dict(),
-                    cfg.run.rounds,
+                    cfg.planned_rounds,
                     simulated_clock=self.clock.simulated,
                     now=self.clock.now(),
                 )

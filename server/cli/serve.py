@@ -9,7 +9,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TypeVar
 
 from rich.console import Console
@@ -23,8 +25,9 @@ from geofl.server.registry import Outcome, TaskRecord
 from geofl.server.simulation import LinkModel
 from geofl.server.simulation.preflight import check_simulation
 from geofl.server.simulation.progress import SimulationProgress
+from geofl.server.simulation.shaper import ShaperProcess, link_name, start_shaper_process
 from geofl.server.simulation.summary import render_summary, summarize_run
-from geofl.server.simulation.traces import TraceSet
+from geofl.server.simulation.traces import TraceSet, load_trace
 from geofl.server.simulation.virtual import simulate_virtual, virtual_problems
 from geofl.server.simulation.virtual_loop import VirtualTimeLoop
 from geofl.storage import StorageUnavailableError, open_database
@@ -93,7 +96,7 @@ def _progress(config: RunConfig) -> SimulationProgress:
     simulation = config.simulation
     return SimulationProgress(
         console,
-        config.run.rounds,
+        config.planned_rounds,
         config.strategy.clients_per_round,
         clock_label="simulated" if simulation.clock == "virtual" else "wall",
         metric=simulation.target_metric,
@@ -196,8 +199,28 @@ def _free_port() -> int:
         return port
 
 
-def _start_simulation(config: RunConfig, port: int) -> list[tuple[str, subprocess.Popen[bytes]]]:
-    """Relays (one per region, with ``simulation.relays``) first, then the clients."""
+def shapes_links(config: RunConfig) -> bool:
+    """Whether a wall-clock simulation routes its clients through the link shaper."""
+    simulation = config.simulation
+    return bool(simulation.regions) and simulation.shaper and not simulation.relays
+
+
+def _start_shaper(config: RunConfig, port: int, workdir: Path) -> ShaperProcess:
+    """One shaped link per simulated client, as the WAN model draws it, to the server."""
+    simulation = config.simulation
+    trace = load_trace(simulation.trace) if simulation.trace is not None else None
+    traces = trace.for_clients(simulation.clients) if trace is not None else None
+    links = LinkModel.from_config(simulation, config.run.seed, traces).links
+    return start_shaper_process(links, f"127.0.0.1:{port}", workdir, seed=config.run.seed)
+
+
+def _start_simulation(
+    config: RunConfig, port: int, shaper: ShaperProcess | None = None
+) -> list[tuple[str, subprocess.Popen[bytes]]]:
+    """Relays (one per region, with ``simulation.relays``) first, then the clients.
+
+    With a ``shaper``, each client connects to its own shaped link instead of the server.
+    """
     regions = client_regions(config)
     started: list[tuple[str, subprocess.Popen[bytes]]] = []
     ports: dict[str | None, int] = {}
@@ -207,7 +230,8 @@ def _start_simulation(config: RunConfig, port: int) -> list[tuple[str, subproces
             command = relay_command(config, port, name, ports[name], regions.count(name))
             started.append((f"relay {name}", subprocess.Popen(command)))
     for index, region in enumerate(regions):
-        command = client_command(config, ports.get(region, port), index, region)
+        target = shaper.port_of(link_name(index)) if shaper else ports.get(region, port)
+        command = client_command(config, target, index, region)
         started.append((f"client {index}", subprocess.Popen(command)))
     return started
 
@@ -216,7 +240,7 @@ async def _serve(
     config: RunConfig, simulate: bool, hooks: _ProgressHooks | None = None
 ) -> tuple[RunResult, list[tuple[str, int]]]:
     if hooks is None:
-        coordinator = Coordinator(config, on_round_end=round_reporter(config.run.rounds))
+        coordinator = Coordinator(config, on_round_end=round_reporter(config.planned_rounds))
     else:
         coordinator = Coordinator(
             config,
@@ -225,6 +249,8 @@ async def _serve(
             on_task=hooks.task_settled,
         )
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+    shaper: ShaperProcess | None = None
+    workdir = tempfile.TemporaryDirectory(prefix="geofl-shaper-")
     try:
         port = await coordinator.start()
         console.print(
@@ -236,8 +262,11 @@ async def _serve(
                 else ""
             )
         )
+        if simulate and shapes_links(config):
+            shaper = await asyncio.to_thread(_start_shaper, config, port, Path(workdir.name))
+            console.print(f"geofl: {config.simulation.clients} client links shaped (user space)")
         if simulate:
-            processes = _start_simulation(config, port)
+            processes = _start_simulation(config, port, shaper)
         result = await coordinator.run()
         codes = [(name, await asyncio.to_thread(wait_for_exit, p)) for name, p in processes]
         return result, codes
@@ -246,6 +275,9 @@ async def _serve(
             if process.poll() is None:
                 process.terminate()
                 await asyncio.to_thread(wait_for_exit, process)
+        if shaper is not None:
+            await asyncio.to_thread(shaper.stop)
+        workdir.cleanup()
         await coordinator.stop()
 
 

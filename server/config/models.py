@@ -397,6 +397,11 @@ class RunConfig(Section):
                 "secure_aggregation needs strategy.min_clients >= 2: a sum of one update "
                 "reveals that update"
             )
+        if self.schedule.mode == "async" and self.schedule.fedbuff.buffer_size < 2:
+            raise ValueError(
+                "secure_aggregation with schedule.mode async masks each buffer as one group: "
+                "schedule.fedbuff.buffer_size must be >= 2 (a sum of one update reveals it)"
+            )
         chains = [self.compression.up] + [r.up for r in self.compression.regions.values() if r.up]
         if any(chains) or self.compression.adaptive:
             raise ValueError(
@@ -427,6 +432,13 @@ class RunConfig(Section):
             key: {} if value is None and key in _OPTIONAL_SECTIONS else value
             for key, value in data.items()
         }
+
+    @property
+    def planned_rounds(self) -> int:
+        """Rounds the run records: ``run.rounds``, or FedBuff's ``updates`` (model versions)."""
+        if self.schedule.mode == "async" and self.schedule.fedbuff.updates is not None:
+            return self.schedule.fedbuff.updates
+        return self.run.rounds
 
     @property
     def evaluation_clients(self) -> int:

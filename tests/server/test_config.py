@@ -481,3 +481,16 @@ def test_empty_sections_mean_defaults(tmp_path: Path) -> None:
 def test_null_run_section_is_an_error(tmp_path: Path) -> None:
     path = write(tmp_path, "run:\nmodel: m:f\n")
     assert problems_of(path) == [f"{path}:1: run: expected a mapping, got null"]
+
+
+def test_async_secure_aggregation_needs_a_buffer_of_two_at_config_time() -> None:
+    data = {
+        "run": {"name": "x", "rounds": 2},
+        "model": "m:f",
+        "schedule": {"mode": "async", "fedbuff": {"buffer_size": 1, "updates": 7}},
+        "secure_aggregation": {"enabled": True},
+    }
+    with pytest.raises(ConfigError, match="fedbuff.buffer_size must be >= 2"):
+        parse_config(data, source="t")
+    data["schedule"] = {"mode": "async", "fedbuff": {"buffer_size": 2, "updates": 7}}
+    assert parse_config(data, source="t").planned_rounds == 7
