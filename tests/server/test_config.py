@@ -490,7 +490,7 @@ def test_async_secure_aggregation_needs_a_buffer_of_two_at_config_time() -> None
         "schedule": {"mode": "async", "fedbuff": {"buffer_size": 1, "updates": 7}},
         "secure_aggregation": {"enabled": True},
     }
-    with pytest.raises(ConfigError, match="fedbuff.buffer_size must be >= 2"):
+    with pytest.raises(ConfigError, match=r"fedbuff\.buffer_size must be >= 2"):
         parse_config(data, source="t")
     data["schedule"] = {"mode": "async", "fedbuff": {"buffer_size": 2, "updates": 7}}
     assert parse_config(data, source="t").planned_rounds == 7

@@ -76,5 +76,5 @@ def test_mode_diloco_builds_the_outer_optimizer_and_sets_local_steps() -> None:
 
 
 def test_mode_diloco_with_another_strategy_is_refused() -> None:
-    with pytest.raises(ConfigError, match="schedule.mode diloco uses its own outer optimizer"):
+    with pytest.raises(ConfigError, match=r"schedule\.mode diloco uses its own outer optimizer"):
         parse_config({**BASE, "schedule": {"mode": "diloco"}, "strategy": {"name": "fedadam"}}, "t")
