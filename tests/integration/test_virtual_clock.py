@@ -213,6 +213,6 @@ def test_compressed_uploads_are_smaller_and_take_less_time(tmp_path: Path) -> No
 
 def test_secure_aggregation_is_refused_before_starting(tmp_path: Path) -> None:
     config = _virtual(tmp_path, secure_aggregation={"enabled": True})
-    with pytest.raises(ConfigError, match="secure_aggregation.enabled"):
+    with pytest.raises(ConfigError, match=r"secure_aggregation\.enabled"):
         run_virtual_simulation(config)
     assert not (tmp_path / "geofl.db").exists()
