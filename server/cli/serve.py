@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from rich.console import Console
 
+from geofl.protocols.types import Scalar
 from geofl.server.cli.exit_codes import ExitCode
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig, load_config
 from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
@@ -23,6 +24,7 @@ from geofl.server.engine import RoundRecord
 from geofl.server.loading import UserCodeError
 from geofl.server.registry import Outcome, TaskRecord
 from geofl.server.simulation import LinkModel
+from geofl.server.simulation.partition import prepare_partitions
 from geofl.server.simulation.preflight import check_simulation
 from geofl.server.simulation.progress import SimulationProgress
 from geofl.server.simulation.shaper import ShaperProcess, link_name, start_shaper_process
@@ -120,13 +122,19 @@ def _print_summary(config: RunConfig, result: RunResult) -> None:
 
 
 def client_command(
-    config: RunConfig, port: int, index: int, region: str | None = None
+    config: RunConfig,
+    port: int,
+    index: int,
+    region: str | None = None,
+    extra: Mapping[str, Scalar] | None = None,
 ) -> list[str]:
-    """Command line of simulated client ``index`` (connecting to ``port``, in ``region``)."""
+    """Command line of simulated client ``index`` (connecting to ``port``, in ``region``).
+
+    ``extra`` node config (e.g. the simulator's partition file) is added to every client's.
+    """
     sim = config.simulation
-    return simulated_client_command(
-        str(sim.app), port, index, sim.clients, dict(sim.node_config), region
-    )
+    node_config = {**sim.node_config, **(extra or {})}
+    return simulated_client_command(str(sim.app), port, index, sim.clients, node_config, region)
 
 
 def simulated_client_command(
@@ -215,7 +223,10 @@ def _start_shaper(config: RunConfig, port: int, workdir: Path) -> ShaperProcess:
 
 
 def _start_simulation(
-    config: RunConfig, port: int, shaper: ShaperProcess | None = None
+    config: RunConfig,
+    port: int,
+    shaper: ShaperProcess | None = None,
+    extra: Mapping[str, Scalar] | None = None,
 ) -> list[tuple[str, subprocess.Popen[bytes]]]:
     """Relays (one per region, with ``simulation.relays``) first, then the clients.
 
@@ -231,13 +242,16 @@ def _start_simulation(
             started.append((f"relay {name}", subprocess.Popen(command)))
     for index, region in enumerate(regions):
         target = shaper.port_of(link_name(index)) if shaper else ports.get(region, port)
-        command = client_command(config, target, index, region)
+        command = client_command(config, target, index, region, extra)
         started.append((f"client {index}", subprocess.Popen(command)))
     return started
 
 
 async def _serve(
-    config: RunConfig, simulate: bool, hooks: _ProgressHooks | None = None
+    config: RunConfig,
+    simulate: bool,
+    hooks: _ProgressHooks | None = None,
+    extra: Mapping[str, Scalar] | None = None,
 ) -> tuple[RunResult, list[tuple[str, int]]]:
     if hooks is None:
         coordinator = Coordinator(config, on_round_end=round_reporter(config.planned_rounds))
@@ -266,7 +280,7 @@ async def _serve(
             shaper = await asyncio.to_thread(_start_shaper, config, port, Path(workdir.name))
             console.print(f"geofl: {config.simulation.clients} client links shaped (user space)")
         if simulate:
-            processes = _start_simulation(config, port, shaper)
+            processes = _start_simulation(config, port, shaper, extra)
         result = await coordinator.run()
         codes = [(name, await asyncio.to_thread(wait_for_exit, p)) for name, p in processes]
         return result, codes
@@ -321,7 +335,21 @@ def _check_simulation(config: RunConfig, source: str) -> TraceSet | None:
     return check_simulation(config, source)  # cohort larger than the pool, links, traces
 
 
-def _run_virtual(config: RunConfig, source: str, trace: TraceSet | None) -> RunResult:
+def _partitions(config: RunConfig, source: str, directory: Path) -> dict[str, Scalar]:
+    """The simulator's data split, if configured: shown, written, and its node config."""
+    regions = None
+    if config.simulation.partition is not None and config.simulation.regions:
+        regions = [r or "" for r in client_regions(config)]
+    plan = prepare_partitions(config, source, directory, regions)
+    if plan is None:
+        return {}
+    console.print(plan.histogram)
+    return dict(plan.node_config)
+
+
+def _run_virtual(
+    config: RunConfig, source: str, trace: TraceSet | None, extra: Mapping[str, Scalar]
+) -> RunResult:
     """``geofl simulate`` on the virtual clock: simulated clients, no port, simulated time."""
     console.print(
         f"geofl: run [bold]{config.run.name}[/] on the virtual clock: "
@@ -334,6 +362,7 @@ def _run_virtual(config: RunConfig, source: str, trace: TraceSet | None) -> RunR
             lambda: simulate_virtual(
                 config,
                 trace,
+                extra_node_config=extra,
                 on_round_end=hooks.round_finished,
                 on_round_start=hooks.round_started,
                 on_task=hooks.task_settled,
@@ -395,12 +424,17 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, args.overrides)
         trace = None
-        if simulate:
-            trace = _check_simulation(config, str(args.config))
-        if simulate and config.simulation.clock == "virtual":
-            result, codes = _run_virtual(config, str(args.config), trace), list[tuple[str, int]]()
-        else:
+        if not simulate:
             result, codes = _run_until_signal(config, simulate)
+        else:
+            trace = _check_simulation(config, str(args.config))
+            with tempfile.TemporaryDirectory(prefix="geofl-partition-") as directory:
+                extra = _partitions(config, str(args.config), Path(directory))
+                if config.simulation.clock == "virtual":
+                    result = _run_virtual(config, str(args.config), trace, extra)
+                    codes = []
+                else:
+                    result, codes = _run_until_signal(config, simulate, extra)
     except ConfigError as exc:
         return _fail(ExitCode.USAGE, str(exc))
     except StorageUnavailableError as exc:
@@ -418,7 +452,9 @@ def run_serve(args: argparse.Namespace) -> int:
     return _report(result, codes)
 
 
-def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, list[tuple[str, int]]]:
+def _run_until_signal(
+    config: RunConfig, simulate: bool, extra: Mapping[str, Scalar] | None = None
+) -> tuple[RunResult, list[tuple[str, int]]]:
     """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt).
 
     Cancelling the main task lets every ``finally`` run: client processes are
@@ -429,7 +465,9 @@ def _run_until_signal(config: RunConfig, simulate: bool) -> tuple[RunResult, lis
     if not simulate:
         return run_until_signal(lambda: _serve(config, simulate))
     with _progress(config) as progress:
-        outcome = run_until_signal(lambda: _serve(config, simulate, _ProgressHooks(progress)))
+        outcome = run_until_signal(
+            lambda: _serve(config, simulate, _ProgressHooks(progress), extra)
+        )
     _print_summary(config, outcome[0])
     return outcome
 

@@ -333,7 +333,13 @@ def _partition_or_explain(
     clients, seed = config.simulation.clients, config.run.seed
     try:
         return partition_data(scheme, labels, clients, seed, client_regions)
-    except ValueError as exc:  # PartitionError included: its message names the fix
+    except PartitionError as exc:
+        # The splitters phrase their fix for their own callers (e.g. "lower min_size");
+        # say what to change in the configuration too, unless they already did.
+        fix = _FIX[scheme.scheme]
+        hint = "" if fix in str(exc) else f"; in simulation.partition: {fix}"
+        _fail(source, "simulation.partition", f"{exc}{hint}")
+    except ValueError as exc:
         _fail(source, "simulation.partition", str(exc))
 
 

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from geofl.protocols.tensors import spec_of
+from geofl.protocols.types import Scalar
 from geofl.server.clock import LoopClock
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig
 from geofl.server.coordinator import Coordinator, RunResult
@@ -24,6 +27,7 @@ from geofl.server.registry import Outcome, TaskRecord
 from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel
+from geofl.server.simulation.partition import prepare_partitions
 from geofl.server.simulation.traces import ClientTrace, TraceSet
 from geofl.server.simulation.virtual_loop import run_virtual
 from geofl.server.simulation.workers import WorkerSetup
@@ -83,8 +87,12 @@ async def simulate_virtual(
     on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
     on_round_start: Callable[[int], None] = lambda number: None,
     on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
+    extra_node_config: Mapping[str, Scalar] | None = None,
 ) -> VirtualRun:
-    """Run ``config`` with virtual clients on the running (virtual-time) loop."""
+    """Run ``config`` with virtual clients on the running (virtual-time) loop.
+
+    ``extra_node_config`` (e.g. the simulator's partition file) is added to every client's.
+    """
     clock = LoopClock(asyncio.get_running_loop())
     coordinator = Coordinator(
         config,
@@ -99,7 +107,7 @@ async def simulate_virtual(
     setup = WorkerSetup(
         app=str(simulation.app),
         run_config=dict(config.round_config),
-        node_config=dict(simulation.node_config),
+        node_config={**simulation.node_config, **(extra_node_config or {})},
         num_clients=simulation.clients,
         client_cache=simulation.client_cache,
     )
@@ -139,14 +147,29 @@ def run_virtual_simulation(
 ) -> VirtualRun:
     """:func:`simulate_virtual` on a fresh virtual-time event loop.
 
+    With ``simulation.partition`` the simulator's split is made first (as ``geofl simulate``
+    does) and its file lives as long as the run.
+
     Raises
     ------
     ConfigError
-        If the configuration asks for something the virtual clock does not simulate.
+        If the configuration asks for something the virtual clock does not simulate, or
+        the partition cannot be made.
     """
     problems = virtual_problems(config, "simulation")
     if problems:
         raise ConfigError(problems)
-    return run_virtual(
-        simulate_virtual(config, traces, on_round_end=on_round_end, on_start=on_start)
-    )
+    with tempfile.TemporaryDirectory(prefix="geofl-partition-") as directory:
+        regions = None
+        if config.simulation.partition is not None and config.simulation.regions:
+            regions = [link.region for link in client_links(config, traces)[0]]
+        plan = prepare_partitions(config, "simulation", Path(directory), regions)
+        return run_virtual(
+            simulate_virtual(
+                config,
+                traces,
+                on_round_end=on_round_end,
+                on_start=on_start,
+                extra_node_config=plan.node_config if plan is not None else None,
+            )
+        )

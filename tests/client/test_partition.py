@@ -1,6 +1,10 @@
-"""Properties of the IID and Dirichlet partitioners."""
+"""Properties of the IID and Dirichlet partitioners, and of the simulator's partition file."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -8,7 +12,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from geofl.client.partition import dirichlet_partition, iid_partition, label_histogram
+from geofl.client.app import ClientContext
+from geofl.client.partition import (
+    PARTITION_FILE_FORMAT,
+    PARTITION_FILE_KEY,
+    PartitionFileError,
+    assigned_indices,
+    dirichlet_partition,
+    iid_partition,
+    label_histogram,
+    read_partition_file,
+    write_partition_file,
+)
 
 seeds = st.integers(min_value=0, max_value=2**32 - 1)
 
@@ -133,3 +148,156 @@ def test_label_histogram_counts() -> None:
     assert label_histogram(labels, parts, num_classes=5).shape == (2, 5)
     with pytest.raises(ValueError, match="labels go up to 2"):
         label_histogram(labels, parts, num_classes=2)
+
+
+def _client(path: Path | str | int, client: Any = 0, **extra: Any) -> ClientContext:
+    node = {
+        PARTITION_FILE_KEY: path if isinstance(path, int) else str(path),
+        "partition-id": client,
+    }
+    return ClientContext(node_id=1, node_name="c", node_config={**node, **extra})
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(0, 30), min_size=1, max_size=12), seed=seeds)
+def test_partition_file_round_trips_every_share(
+    tmp_path_factory: pytest.TempPathFactory, sizes: list[int], seed: int
+) -> None:
+    order = np.random.default_rng(seed).permutation(sum(sizes)).astype(np.int64)
+    parts = np.split(order, np.cumsum(sizes)[:-1])
+    path = tmp_path_factory.mktemp("plan") / "partition.npz"
+    write_partition_file(path, parts)
+    assert read_partition_file(path).num_clients == len(sizes)
+    for client, part in enumerate(parts):
+        share = assigned_indices(_client(path, client, **{"num-partitions": len(sizes)}))
+        assert share is not None and share.dtype == np.int64
+        np.testing.assert_array_equal(share, part)
+
+
+def test_no_partition_file_means_the_app_splits_itself() -> None:
+    context = ClientContext(node_id=1, node_name="c", node_config={"partition-id": 0})
+    assert assigned_indices(context) is None
+
+
+def test_the_file_is_read_once_per_process_until_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "p.npz"
+    write_partition_file(path, [np.arange(3), np.arange(3, 5)])
+    first = read_partition_file(path)
+    assert read_partition_file(str(path)) is first  # 10,000 clients, one read
+    share = assigned_indices(_client(path, 0))
+    assert share is not None
+    share[:] = -1  # a client scribbling on its share leaves the cached file intact
+    np.testing.assert_array_equal(read_partition_file(path).share(0), [0, 1, 2])
+    write_partition_file(path, [np.arange(5)])
+    assert read_partition_file(path).num_clients == 1
+
+
+def test_shares_may_not_be_written_by_the_caller(tmp_path: Path) -> None:
+    path = tmp_path / "p.npz"
+    write_partition_file(path, [np.arange(4)])
+    with pytest.raises(ValueError, match="read-only"):
+        read_partition_file(path).indices[0] = 7
+
+
+@pytest.mark.parametrize(
+    ("node", "message"),
+    [
+        ({"partition-id": 2}, r"partition-id 2 is outside 0\.\.1"),
+        ({"partition-id": -1}, r"partition-id -1 is outside 0\.\.1"),
+        ({"partition-id": "0"}, "partition-id must be an integer"),
+        ({"partition-id": True}, "partition-id must be an integer"),
+        ({"partition-id": 0, "num-partitions": 3}, "among 2 clients but .* num-partitions=3"),
+    ],
+)
+def test_assigned_indices_rejects_a_client_the_file_does_not_know(
+    tmp_path: Path, node: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "p.npz"
+    write_partition_file(path, [np.arange(3), np.arange(3, 5)])
+    with pytest.raises(PartitionFileError, match=message):
+        assigned_indices(_client(path, **node))
+
+
+def test_a_missing_file_says_who_writes_it(tmp_path: Path) -> None:
+    with pytest.raises(PartitionFileError, match=r"gone\.npz cannot be read .*moved or deleted"):
+        assigned_indices(_client(tmp_path / "gone.npz"))
+    with pytest.raises(PartitionFileError, match="must be a path, got 3"):
+        assigned_indices(_client(3))
+
+
+class _Boom:
+    """Unpickling this would run code; the reader must refuse before that."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (os.system, ("exit 1",))
+
+
+def _npz(path: Path, **arrays: Any) -> Path:
+    with path.open("wb") as stream:
+        np.savez(stream, **arrays)
+    return path
+
+
+GOOD: dict[str, Any] = {
+    "format": np.int64(PARTITION_FILE_FORMAT),
+    "indices": np.arange(4, dtype=np.int64),
+    "offsets": np.array([0, 2, 4], dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"indices": GOOD["indices"]}, "is not a partition file: it holds"),
+        ({**GOOD, "extra": np.zeros(1)}, "is not a partition file: it holds"),
+        ({**GOOD, "format": np.int64(2)}, "format 2, this geofl reads format 1"),
+        ({**GOOD, "format": np.array("1")}, "format '1'"),
+        ({**GOOD, "indices": np.arange(4, dtype=np.int32)}, "expected int64"),
+        ({**GOOD, "indices": np.arange(4, dtype=np.int64).reshape(2, 2)}, "one-dimensional"),
+        ({**GOOD, "offsets": np.array([0], dtype=np.int64)}, "at least one client"),
+        ({**GOOD, "offsets": np.array([0, 3, 2, 4], dtype=np.int64)}, "must rise from 0 to 4"),
+        ({**GOOD, "offsets": np.array([1, 4], dtype=np.int64)}, "must rise from 0 to 4"),
+        ({**GOOD, "offsets": np.array([0, 5], dtype=np.int64)}, "must rise from 0 to 4"),
+        ({**GOOD, "indices": np.array([0, 1, -2, 3], dtype=np.int64)}, "non-negative"),
+        (
+            {**GOOD, "indices": np.array([_Boom()], dtype=object)},
+            "not a readable partition file: .*allow_pickle=False",
+        ),
+    ],
+)
+def test_corrupt_files_are_refused(tmp_path: Path, arrays: dict[str, Any], message: str) -> None:
+    path = _npz(tmp_path / "bad.npz", **arrays)
+    with pytest.raises(PartitionFileError, match=message):
+        assigned_indices(_client(path))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a zip file", b"PK\x03\x04truncated"])
+def test_files_that_are_not_npz_are_refused(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.npz"
+    path.write_bytes(content)
+    with pytest.raises(PartitionFileError, match="not a readable partition file"):
+        read_partition_file(path)
+
+
+def test_a_single_npy_array_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.npz"
+    with path.open("wb") as stream:
+        np.save(stream, np.arange(4))
+    with pytest.raises(PartitionFileError, match=r"not an \.npz archive"):
+        read_partition_file(path)
+
+
+def test_a_truncated_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.npz"
+    write_partition_file(path, [np.arange(1000), np.arange(1000, 2000)])
+    path.write_bytes(path.read_bytes()[:-200])
+    with pytest.raises(PartitionFileError, match="not a readable partition file"):
+        read_partition_file(path)
+
+
+def test_writing_needs_one_dimensional_shares(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="at least one client"):
+        write_partition_file(tmp_path / "p.npz", [])
+    with pytest.raises(ValueError, match="one-dimensional"):
+        write_partition_file(tmp_path / "p.npz", [np.zeros((2, 2), np.int64)])
+    assert list(tmp_path.iterdir()) == []

@@ -216,3 +216,19 @@ def test_secure_aggregation_is_refused_before_starting(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"secure_aggregation\.enabled"):
         run_virtual_simulation(config)
     assert not (tmp_path / "geofl.db").exists()
+
+
+def test_the_simulators_partition_reaches_every_client(tmp_path: Path) -> None:
+    config = _virtual(
+        tmp_path,
+        run={"name": "itest", "rounds": 1, "seed": 1},
+        simulation={
+            "app": "geofl_testapp:partition_app",
+            "labels": "geofl_testapp:labels",
+            "partition": {"shards": {"per_client": 2}},
+        },
+    )
+    run_virtual_simulation(config)
+    fits = [p for p, _ in _rows(config)[2] if p.kind == "fit"]
+    # 80 samples, 16 shards of 5, two per client: 10 examples each, all ok.
+    assert len(fits) == 8 and all(p.status == "ok" and p.num_examples == 10 for p in fits)

@@ -115,3 +115,30 @@ def virtual_app(context: ClientContext) -> Client:
 def make_medium_model() -> Weights:
     """10,000 float32 values (40 kB): large enough for a codec to pay off."""
     return {"w": np.zeros((200, 50), np.float32), "b": np.zeros(3, np.float32)}
+
+
+def labels() -> np.ndarray:
+    """80 samples with labels 0..3 in turn: what ``simulation.labels`` names in tests."""
+    return np.arange(80, dtype=np.int64) % 4
+
+
+class PartitionClient(ShiftClient):
+    """Reports the simulator's share as its examples and the share's first index as loss."""
+
+    def __init__(self, indices: np.ndarray) -> None:
+        super().__init__(1.0)
+        self.indices = indices
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        out = {k: v + 1 if v.dtype.kind == "f" else v for k, v in parameters.items()}
+        return out, int(self.indices.size), {"train_loss": float(self.indices[0])}
+
+
+def partition_app(context: ClientContext) -> Client:
+    """A client that needs the simulator's partition file (``assigned_indices``)."""
+    from geofl.client.partition import assigned_indices
+
+    indices = assigned_indices(context)
+    if indices is None:
+        raise ValueError("no partition-file in the node config")
+    return PartitionClient(indices)
