@@ -1,7 +1,9 @@
-"""Simulation foundations: the WAN link model, client traces and data partitions.
+"""Simulation: the WAN link model, client traces, data partitions, and the two clocks.
 
-Pure and transport-free: nothing here opens a socket or starts a process. The virtual
-clock, the link shaper and other backends build on these pieces.
+The names exported here are pure and transport-free (links, traces, partitions,
+preflight). The machinery that runs simulations lives in its own modules: ``virtual_loop``,
+``fleet``, ``workers``, ``backends``, ``ray_backend`` and ``virtual`` (the virtual clock),
+``shaper`` (the wall clock's user-space link emulator), ``progress`` and ``summary``.
 
 Names are imported on first use, so that ``python -m geofl.server.simulation.traces``
 runs that module once (``runpy`` warns when the package has imported it already).

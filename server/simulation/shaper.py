@@ -139,7 +139,8 @@ class Direction:
     @property
     def queue_limit_bytes(self) -> int:
         """Most undelivered bytes one connection holds: what is in flight plus spares."""
-        in_flight = math.ceil(self.rate_bps / 8 * (self.rtt_s / 2 + self.jitter_s))
+        # Rounded first, so that float noise does not add a byte.
+        in_flight = math.ceil(round(self.rate_bps / 8 * (self.rtt_s / 2 + self.jitter_s), 6))
         return in_flight + SPARE_CHUNKS * self.chunk_bytes
 
 
@@ -383,13 +384,20 @@ class _Pipe:
             self._room.set()
 
 
-async def _close(writer: asyncio.StreamWriter, abort: bool) -> None:
-    if abort:
-        writer.transport.abort()
-    else:
-        writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
+async def _close(writers: Sequence[asyncio.StreamWriter], abort: bool) -> None:
+    """Close (or, after a failure, abort) every writer, then wait for them.
+
+    All are closed before the first wait, so that a cancellation during a wait cannot
+    leave one open.
+    """
+    for writer in writers:
+        if abort:
+            writer.transport.abort()
+        else:
+            writer.close()
+    for writer in writers:
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 class LinkShaper:
@@ -430,16 +438,17 @@ class LinkShaper:
         """Listen on ``port`` (0: any free one); returns the port."""
         if self._server is not None:
             raise RuntimeError(f"link {self.spec.name!r} is already started")
-        self._server = await asyncio.start_server(self._serve, LISTEN_HOST, port)
+        self._server = await asyncio.start_server(self._accept, LISTEN_HOST, port)
         return self.port
 
     async def close(self) -> None:
         """Stop listening and cut every open connection; idempotent."""
         if self._server is not None:
             self._server.close()
-        for task in self._connections:
+        connections = list(self._connections)
+        for task in connections:
             task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        await asyncio.gather(*connections, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -455,41 +464,45 @@ class LinkShaper:
     ) -> None:
         await self.close()
 
+    def _accept(self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter) -> None:
+        # Our own task, not the stream's: close() cancels it, and Python 3.11's streams
+        # log a cancelled connection task as an unhandled error.
+        task = asyncio.get_running_loop().create_task(self._serve(client_reader, client))
+        self._connections.add(task)
+        task.add_done_callback(self._connections.discard)
+
     async def _serve(
         self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
     ) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
         self.stats.connections += 1
         self.stats.open_connections += 1
         try:
             await self._relay(client_reader, client)
         finally:
             self.stats.open_connections -= 1
-            if task is not None:
-                self._connections.discard(task)
 
     async def _relay(
         self, client_reader: asyncio.StreamReader, client: asyncio.StreamWriter
     ) -> None:
-        try:
-            server_reader, server = await asyncio.open_connection(*self._upstream)
-        except OSError as exc:
-            logger.warning("link %s: cannot reach %s:%d: %s", self.spec.name, *self._upstream, exc)
-            await _close(client, abort=True)
-            return
+        writers = [client]
         failed = True
         try:
+            server_reader, server = await asyncio.open_connection(*self._upstream)
+            writers.append(server)
             async with asyncio.TaskGroup() as group:
                 group.create_task(_Pipe(client_reader, server, self._up, self.stats.up).run())
                 group.create_task(_Pipe(server_reader, client, self._down, self.stats.down).run())
             failed = False
         except* OSError as errors:  # a reset on either side cuts both, as a router would
-            logger.debug("link %s: connection cut: %s", self.spec.name, errors.exceptions)
-        finally:
-            await _close(server, abort=failed)
-            await _close(client, abort=failed)
+            if len(writers) == 1:
+                host, port = self._upstream
+                logger.warning(
+                    "link %s: cannot reach %s:%d: %s", self.spec.name, host, port, errors
+                )
+            else:
+                logger.debug("link %s: connection cut: %s", self.spec.name, errors.exceptions)
+        finally:  # also when cancelled, even while connecting
+            await _close(writers, abort=failed)
 
 
 def _check_unique(specs: Sequence[LinkSpec]) -> None:
@@ -502,7 +515,7 @@ def _check_unique(specs: Sequence[LinkSpec]) -> None:
 class ShaperSet:
     """Many links in one event loop, one port each; see :class:`LinkShaper`."""
 
-    def __init__(self, specs: Sequence[LinkSpec], upstream: tuple[str, int], seed: int = 0):
+    def __init__(self, specs: Sequence[LinkSpec], upstream: tuple[str, int], seed: int = 0) -> None:
         _check_unique(specs)
         self.shapers = {spec.name: LinkShaper(spec, upstream, seed) for spec in specs}
 
@@ -604,13 +617,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of delay and loss draws")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format=f"{_PROG}: %(levelname)s %(message)s")
     try:
         upstream = parse_address(args.upstream)
         specs = load_links(args.links)
     except ShaperConfigError as exc:
         print(f"{_PROG}: error: {exc}", file=sys.stderr)
         return 2
+    logging.basicConfig(level=logging.WARNING, format=f"{_PROG}: %(levelname)s %(message)s")
     try:
         asyncio.run(serve_links(specs, upstream, args.seed, sys.stdout))
     except OSError as exc:
@@ -703,10 +716,11 @@ def _read_line(stream: IO[bytes] | None, timeout_s: float) -> bytes | None:
 def _ports_of(line: bytes | None, names: Sequence[str]) -> dict[str, int] | None:
     try:
         ports = json.loads(line or b"")["ports"]
+        if sorted(ports) != sorted(names) or not all(type(v) is int for v in ports.values()):
+            return None
     except (ValueError, TypeError, KeyError):
         return None
-    valid = isinstance(ports, dict) and sorted(ports) == sorted(names)
-    return {str(k): int(v) for k, v in ports.items()} if valid else None
+    return {str(name): int(port) for name, port in ports.items()}
 
 
 def start_shaper_process(

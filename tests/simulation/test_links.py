@@ -20,6 +20,7 @@ from geofl.server.config.simulation import (
 )
 from geofl.server.simulation.links import (
     DEFAULT_REGION,
+    SEGMENT_BYTES,
     ClientLink,
     LinkModel,
     draw_multipliers,
@@ -80,6 +81,17 @@ def test_transfer_time_is_delay_plus_serialization() -> None:
             transfer_time_s(*bad)
 
 
+def test_loss_adds_one_rtt_per_expected_lost_segment() -> None:
+    # 10 segments (the last one partial), 10 % lost: one rtt of stall expected.
+    nbytes = 9 * SEGMENT_BYTES + 1
+    lossless = transfer_time_s(nbytes, 1e6, 0.2)
+    assert transfer_time_s(nbytes, 1e6, 0.2, loss=0.1) == pytest.approx(lossless + 0.2)
+    assert transfer_time_s(0, 1e6, 0.2, loss=0.5) == pytest.approx(0.1)
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"loss must be in \[0, 1\)"):
+            transfer_time_s(1, 1e6, 0.1, loss=bad)
+
+
 def test_constant_distributions_give_exact_region_figures() -> None:
     model = LinkModel.build(1000, seed=3, regions=THREE, compute=ComputeConfig(samples_per_s=50))
     assert model.region_counts() == {"near": 200, "mid": 500, "far": 300}
@@ -94,8 +106,10 @@ def test_constant_distributions_give_exact_region_figures() -> None:
         )
         assert link.samples_per_s == 50
         megabyte = 1_000_000
-        down = region.rtt_ms / 2000 + 8 * megabyte / (region.down_mbps * 1e6)
-        up = region.rtt_ms / 2000 + 8 * megabyte / (region.up_mbps * 1e6)
+        # One rtt of stall per expected lost segment (only "far" has loss).
+        retransmit = region.loss * math.ceil(megabyte / SEGMENT_BYTES) * region.rtt_ms / 1000
+        down = region.rtt_ms / 2000 + 8 * megabyte / (region.down_mbps * 1e6) + retransmit
+        up = region.rtt_ms / 2000 + 8 * megabyte / (region.up_mbps * 1e6) + retransmit
         assert link.download_s(megabyte) == pytest.approx(down, rel=1e-12)
         assert link.upload_s(megabyte) == pytest.approx(up, rel=1e-12)
         assert link.compute_s(100) == pytest.approx(2.0, rel=1e-12)
