@@ -693,6 +693,15 @@ class ShaperProcess:
         self.stop()
 
 
+def _still_running(process: subprocess.Popen[bytes], grace_s: float = 1.0) -> bool:
+    """Whether ``process`` is alive; one that just closed its stdout gets ``grace_s`` to exit."""
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
 def _read_line(stream: IO[bytes] | None, timeout_s: float) -> bytes | None:
     """The first line of a pipe, or None if it ends or ``timeout_s`` passes first."""
     if stream is None:
@@ -764,7 +773,7 @@ def start_shaper_process(
     line = _read_line(process.stdout, timeout_s)
     ports = _ports_of(line, [s.name for s in specs])
     if ports is None:
-        running = process.poll() is None
+        running = _still_running(process)
         code = started.stop()
         if line is not None:
             what = f"printed {line[:200]!r} instead of the ports of its links"
