@@ -14,7 +14,8 @@ callbacks; submitting never freezes simulated time (the fleet's
 :func:`~geofl.server.simulation.virtual_loop.real_work` does, while it waits).
 
 Each model version is put in Ray's object store once and handed to actors as a
-reference; an actor fetches a version the first time one of its jobs needs it.
+reference; an actor fetches a version the first time one of its jobs needs it (on one
+machine the actors share that copy).
 
 Without ``RAY_ADDRESS`` the backend starts a private local Ray instance (and stops it on
 :meth:`RayBackend.close`); with it, it connects to that cluster, whose nodes need geofl
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import heapq
 import itertools
 import logging
@@ -39,8 +41,6 @@ from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from geofl.protocols.types import Weights
 from geofl.server.simulation.backends import Backend, BackendError
@@ -149,9 +149,9 @@ class ClientActor:
         if not self._worker.has_model(job.model):
             import ray
 
-            # Arrays from the object store are read-only views pinning its memory: copy.
-            weights = {name: np.array(value) for name, value in ray.get(model[0]).items()}
-            self._worker.add_model(job.model, weights)
+            # Read-only views of the object store, shared by the actors of a node: the
+            # worker copies the weights for each job (fit_update), never writes these.
+            self._worker.add_model(job.model, ray.get(model[0]))
         return self._worker.run(job)
 
 
@@ -194,7 +194,10 @@ class RayBackend(Backend):
     # ------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Start (or join) Ray and build the actors; :class:`BackendError` if they fail."""
+        """Start (or join) Ray and build the actors; :class:`BackendError` if they fail.
+
+        Starting a local Ray blocks the event loop for a few seconds; nothing runs yet.
+        """
         ray = _import_ray()
         self._ray = ray
         self._loop = asyncio.get_running_loop()
@@ -202,7 +205,7 @@ class RayBackend(Backend):
         try:
             _check_cpus(ray, self.lanes)
             self._actors = self._create_actors(ray)
-            await self._await_ready(ray)
+            await self._await_ready()
         except BaseException:
             await self.close()
             raise
@@ -213,7 +216,7 @@ class RayBackend(Backend):
         search_path = [os.path.abspath(entry or os.curdir) for entry in sys.path]
         return [actor_class.remote(self._setup, search_path) for _ in range(self.lanes)]
 
-    async def _await_ready(self, ray: ModuleType) -> None:
+    async def _await_ready(self) -> None:
         answers = await real_work(
             asyncio.gather(
                 *(asyncio.wrap_future(actor.ready.remote().future()) for actor in self._actors),
@@ -348,11 +351,15 @@ def _init_ray(ray: ModuleType, actors: int) -> bool:
 
 
 def _check_cpus(ray: ModuleType, actors: int) -> None:
-    """Refuse actors Ray could never place (they would wait forever)."""
-    cpus = float(ray.available_resources().get("CPU", 0.0))
+    """Refuse actors Ray could never place (they would wait forever).
+
+    The cluster's total, not what is free now: CPUs of actors just killed come back a
+    moment later, and actors waiting for them start then.
+    """
+    cpus = float(ray.cluster_resources().get("CPU", 0.0))
     if cpus < actors:
         raise BackendError(
-            f"the Ray cluster has {cpus:g} free CPUs but simulation.workers asks for "
+            f"the Ray cluster has {cpus:g} CPUs but simulation.workers asks for "
             f"{actors} actors (one CPU each); lower simulation.workers"
         )
 
@@ -362,12 +369,16 @@ def _quiet_ray() -> Iterator[None]:
     """Silence Ray's start-up and shut-down noise that users cannot act on.
 
     Ray leaves ``/dev/null`` handles and child ``Popen`` objects to the garbage collector
-    (ResourceWarning) and prints a FutureWarning about GPU environment variables.
+    (ResourceWarning) and prints a FutureWarning about GPU environment variables. The
+    collection runs here, so those warnings do not surface later in unrelated code.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\.")
-        yield
+        try:
+            yield
+        finally:
+            gc.collect()
 
 
 def _first_lines(exc: BaseException, lines: int = 3) -> str:
