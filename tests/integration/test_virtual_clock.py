@@ -159,9 +159,7 @@ def test_failures_and_nan_updates_are_recorded_not_applied(tmp_path: Path) -> No
 def test_availability_trace_drops_clients_mid_round(tmp_path: Path) -> None:
     # Clients 0-3 are online for the first 0.05 s only, then never again.
     # FedScale's units: ms per inference (a step is 3 of them), kbit/s of 1024 bit.
-    behaviour = {
-        str(i): {"active": [0.0], "inactive": [0.05 if i < 4 else 1e9]} for i in range(8)
-    }
+    behaviour = {str(i): {"active": [0.0], "inactive": [0.05 if i < 4 else 1e9]} for i in range(8)}
     capacity = {str(i): {"computation": 1 / 3, "communication": 8000} for i in range(8)}
     trace = tmp_path / "trace.json"
     document = {"format": "geofl-client-trace", "version": 1}
@@ -198,9 +196,7 @@ def test_compressed_uploads_are_smaller_and_take_less_time(tmp_path: Path) -> No
     one_round = {"name": "itest", "rounds": 1, "seed": 1}
     model = "geofl_testapp:make_medium_model"
     plain = _virtual(tmp_path / "plain", run=one_round, model=model)
-    compressed = _virtual(
-        tmp_path / "fp16", run=one_round, model=model, compression={"up": "fp16"}
-    )
+    compressed = _virtual(tmp_path / "fp16", run=one_round, model=model, compression={"up": "fp16"})
     run_virtual_simulation(plain)
     run_virtual_simulation(compressed)
     plain_fits = {n.name: p for p, n in _rows(plain)[2] if p.kind == "fit"}

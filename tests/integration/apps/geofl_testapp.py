@@ -95,9 +95,7 @@ class VirtualClient(ShiftClient):
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
         if self.behaviour == "raise":
             raise ValueError("deliberate failure in fit")
-        out = {
-            k: v + self.shift if v.dtype.kind == "f" else v + 1 for k, v in parameters.items()
-        }
+        out = {k: v + self.shift if v.dtype.kind == "f" else v + 1 for k, v in parameters.items()}
         if self.behaviour == "nan":
             out = {k: np.full_like(v, np.nan) if v.dtype.kind == "f" else v for k, v in out.items()}
         return out, 100, {"train_loss": self.shift}
