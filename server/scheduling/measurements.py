@@ -68,7 +68,7 @@ from geofl.protocols.types import Scalar
 from geofl.server.registry import Outcome, TaskRecord
 from geofl.storage.measurements import LinkMeasurement
 
-__all__ = ["LinkEstimate", "LinkEstimator"]
+__all__ = ["LinkEstimate", "LinkEstimator", "trained_samples"]
 
 #: Outcomes that count against a node's availability: it was not there to finish.
 _ABSENT = frozenset({"dropped", "late"})
@@ -428,14 +428,19 @@ def _training_speed(task: TaskRecord, outcome: Outcome) -> float | None:
         return None
     if not (math.isfinite(compute_s) and compute_s > 0):
         return None
-    samples = _samples_trained(outcome.num_examples, outcome.metrics, task.config)
+    samples = trained_samples(outcome.num_examples, outcome.metrics, task.config)
     return samples / compute_s if samples > 0 else None
 
 
-def _samples_trained(
+def trained_samples(
     num_examples: int, metrics: Mapping[str, Scalar], config: Mapping[str, Scalar]
 ) -> int:
-    """The ``samples_trained`` metric, else ``num_examples`` times the configured epochs."""
+    """Samples a fit processed: what compute speed is measured and simulated by.
+
+    The client's integer ``samples_trained`` metric, else ``num_examples`` times the
+    round's ``local_epochs`` (or ``epochs``), default 1. One rule for the estimator, the
+    scheduler and the virtual clock's compute model.
+    """
     reported = metrics.get("samples_trained")
     if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
         return reported

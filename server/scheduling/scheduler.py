@@ -19,7 +19,7 @@ from geofl.protocols.compression import UploadPlan
 from geofl.server.config.schedule import SelectionConfig
 from geofl.server.registry import NodeSession, Outcome, TaskRecord
 from geofl.server.scheduling.adaptive import choose_upload_chain, upload_budget_s
-from geofl.server.scheduling.measurements import LinkEstimate, LinkEstimator
+from geofl.server.scheduling.measurements import LinkEstimate, LinkEstimator, trained_samples
 from geofl.server.scheduling.planner import (
     Candidate,
     Plan,
@@ -105,7 +105,7 @@ class Scheduler:
         history = self._history.setdefault(task.node_id, _History())
         if outcome.status == "ok":
             history.num_examples = outcome.num_examples
-            history.samples = _samples(outcome, task)
+            history.samples = trained_samples(outcome.num_examples, outcome.metrics, task.config)
             history.loss = outcome.loss
             history.last_round = task.round
             history.unfinished_s = None
@@ -205,13 +205,3 @@ def _without_needless_stragglers(plan: Plan, min_clients: int) -> Plan:
     if len(in_time) < min_clients or len(in_time) == len(plan.selected):
         return plan
     return replace(plan, selected=in_time, fallback=None)
-
-
-def _samples(outcome: Outcome, task: TaskRecord) -> int:
-    reported = outcome.metrics.get("samples_trained")
-    if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
-        return reported
-    epochs = task.config.get("local_epochs", task.config.get("epochs", 1))
-    if isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0:
-        epochs = 1
-    return round(outcome.num_examples * float(epochs))

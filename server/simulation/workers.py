@@ -31,6 +31,7 @@ from geofl.protocols.codecs import Chain
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import EncodedTensor
 from geofl.protocols.types import Metrics, Scalar, Weights
+from geofl.server.scheduling.measurements import trained_samples
 
 __all__ = [
     "ClientIdentity",
@@ -112,21 +113,6 @@ class JobResult:
     samples: int = 0
     #: Real CPU seconds the job took on this machine (for the record, not the clock).
     cpu_s: float = 0.0
-
-
-def trained_samples(num_examples: int, metrics: Metrics, config: dict[str, Scalar]) -> int:
-    """How many samples a fit processed: what the compute model charges time for.
-
-    A client may say so itself with an integer metric ``samples_trained``; otherwise it is
-    ``num_examples`` times the round's ``local_epochs`` (or ``epochs``), default 1.
-    """
-    reported = metrics.get("samples_trained")
-    if isinstance(reported, int) and not isinstance(reported, bool) and reported >= 0:
-        return reported
-    epochs = config.get("local_epochs", config.get("epochs", 1))
-    if isinstance(epochs, bool) or not isinstance(epochs, int | float) or epochs <= 0:
-        epochs = 1
-    return round(num_examples * float(epochs))
 
 
 class ClientWorker:
