@@ -4,8 +4,11 @@ Composes the pure pieces: every settled task feeds the :class:`LinkEstimator`; s
 turns the estimates into :class:`~geofl.server.scheduling.planner.Candidate` objects and
 asks :func:`plan_cohort`; with ``compression.adaptive`` each selected client's upload chain
 is the least lossy one its measured uplink can carry within what the deadline leaves after
-its predicted download and compute (:func:`choose_upload_chain`). The engine records the
-plan (predicted seconds per client, any fallback) and the estimates after every round.
+its predicted download and compute (:func:`choose_upload_chain`). Selection predicts each
+client's round with that same chain, not the raw model: otherwise only clients that fit
+uncompressed would be admitted, and adaptive compression would never compress. The engine
+records the plan (predicted seconds per client, any fallback) and the estimates after
+every round.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from geofl.protocols.compression import UploadPlan
 from geofl.server.config.schedule import SelectionConfig
 from geofl.server.registry import NodeSession, Outcome, TaskRecord
-from geofl.server.scheduling.adaptive import choose_upload_chain, upload_budget_s
+from geofl.server.scheduling.adaptive import ChainChoice, choose_upload_chain, upload_budget_s
 from geofl.server.scheduling.measurements import LinkEstimate, LinkEstimator, trained_samples
 from geofl.server.scheduling.planner import (
     Candidate,
@@ -60,6 +63,15 @@ class _History:
     #: Seconds the last fit ran without finishing (late or dropped): a lower bound of its
     #: duration. A client too slow to ever finish is never measured otherwise.
     unfinished_s: float | None = None
+
+
+@dataclass(frozen=True)
+class _AdaptiveUpload:
+    """The chain adaptive compression gives a node, and the round it predicts with it."""
+
+    choice: ChainChoice
+    #: Download, compute and this chain's upload, on the budget's terms.
+    round_s: float
 
 
 @dataclass(frozen=True)
@@ -119,15 +131,26 @@ class Scheduler:
     # ------------------------------------------------------------ selection
 
     def predict_s(self, node_id: int) -> float | None:
-        """Predicted seconds of one fit task of ``node_id`` (None: not measured)."""
+        """Predicted seconds of one fit task of ``node_id`` (None: not measured).
+
+        With ``adaptive`` the upload is the chain :meth:`upload_plan` would hand the node.
+        """
         history = self._history.get(node_id)
         if history is None:
             return None
-        size = self.settings.model_bytes
-        predicted = self.estimator.predict_round_s(node_id, size, size, history.samples)
+        predicted = self._predict_round_s(node_id, history.samples)
         if history.unfinished_s is None:
             return predicted
         return max(predicted or 0.0, history.unfinished_s)
+
+    def _predict_round_s(self, node_id: int, samples: int) -> float | None:
+        size = self.settings.model_bytes
+        raw = self.estimator.predict_round_s(node_id, size, size, samples)
+        upload = self._adaptive_upload(node_id) if self.settings.adaptive else None
+        # A rate that is still unknown leaves the node unmeasured, with or without adaptive.
+        if raw is None or upload is None:
+            return raw
+        return upload.round_s
 
     def choose(
         self, available: Sequence[NodeSession], target: int, number: int, rng: random.Random
@@ -178,25 +201,54 @@ class Scheduler:
         """``default`` unless adaptive: then the chain this node's uplink can carry in time."""
         if not self.settings.adaptive:
             return default
-        estimate = self.estimator.estimate(session.node_id)
-        history = self._history.get(session.node_id)
-        if estimate.up_bps is None or history is None:
+        upload = self._adaptive_upload(session.node_id)
+        if upload is None:
             return default  # not measured yet: the configured chain
-        size = self.settings.model_bytes
-        download_s = 8 * size / estimate.down_bps if estimate.down_bps else 0.0
-        compute_s = history.samples / estimate.samples_per_s if estimate.samples_per_s else 0.0
-        budget = upload_budget_s(
-            self.settings.deadline_s, download_s, compute_s, self.settings.selection.margin
-        )
-        choice = choose_upload_chain(estimate.up_bps, estimate.rtt_s or 0.0, size, max(budget, 0))
-        if not choice.chain:
+        if not upload.choice.chain:
             return None
         return UploadPlan(
-            choice.chain,
+            upload.choice.chain,
             self.settings.min_bytes,
             self.settings.error_feedback,
             self.settings.max_staleness,
         )
+
+    def _adaptive_upload(self, node_id: int) -> _AdaptiveUpload | None:
+        """The chain adaptive compression gives ``node_id`` (None: uplink not measured).
+
+        The least lossy chain of the ladder whose upload fits what the margined deadline
+        leaves after the predicted download and compute, else the smallest. Selection
+        (:meth:`predict_s`) and :meth:`upload_plan` both take the chain from here, so a
+        client admitted as fitting is handed the chain it was admitted with.
+        """
+        estimate = self.estimator.estimate(node_id)
+        history = self._history.get(node_id)
+        if estimate.up_bps is None or history is None:
+            return None
+        size = self.settings.model_bytes
+        download_s = _download_s(estimate, size)
+        compute_s = _compute_s(estimate, history.samples)
+        budget = upload_budget_s(
+            self.settings.deadline_s, download_s, compute_s, self.settings.selection.margin
+        )
+        choice = choose_upload_chain(estimate.up_bps, estimate.rtt_s or 0.0, size, budget)
+        return _AdaptiveUpload(choice, download_s + compute_s + choice.predicted_upload_s)
+
+
+def _download_s(estimate: LinkEstimate, size: int) -> float:
+    """``rtt / 2 + 8 size / down_bps``, as :meth:`LinkEstimator.predict_round_s` counts it.
+
+    Half the RTT belongs to the download and half to the upload (which
+    :func:`choose_upload_chain` charges), so a chain fits its budget exactly when the round
+    it predicts is within the planner's cutoff. An unknown rate counts as no time.
+    """
+    serialization = 8 * size / estimate.down_bps if estimate.down_bps else 0.0
+    return (estimate.rtt_s or 0.0) / 2 + serialization
+
+
+def _compute_s(estimate: LinkEstimate, samples: int) -> float:
+    """Training seconds of ``samples``; an unknown speed counts as no time."""
+    return samples / estimate.samples_per_s if estimate.samples_per_s else 0.0
 
 
 def _without_needless_stragglers(plan: Plan, min_clients: int) -> Plan:
