@@ -171,17 +171,25 @@ class Connection:
         timeout: float | None,
     ) -> int:
         """Stream a result; returns the bytes sent.  Raises if the server refuses it."""
+        return self.submit_messages(streams.encode_upload(header, tensors, chunk_bytes), timeout)
+
+    def submit_messages(self, messages: Iterator[bytes], timeout: float | None) -> int:
+        """Stream serialized :class:`pb.UploadMessage` s (the first one a header).
+
+        ``messages`` may block between items (a partial-sync upload waits for training);
+        returns the bytes sent. Raises if the server refuses the result.
+        """
         sent = 0
 
-        def messages() -> Iterator[bytes]:
+        def counted() -> Iterator[bytes]:
             nonlocal sent
-            for raw in streams.encode_upload(header, tensors, chunk_bytes):
+            for raw in messages:
                 sent += len(raw)
                 yield raw
 
         try:
             reply: pb.SubmitReply = self._submit(
-                messages(), metadata=self._metadata(), timeout=timeout
+                counted(), metadata=self._metadata(), timeout=timeout
             )
         except grpc.RpcError as exc:
             raise translate(exc) from exc

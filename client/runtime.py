@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from geofl.client.app import Client, ClientContext
+from geofl.client.background_upload import BackgroundUpload
 from geofl.client.compressor import UploadCompressor
 from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
+from geofl.client.partial_sync import GroupUpdate, LocalProgress, fit_in_segments
 from geofl.client.secure_rounds import SecureRounds
 from geofl.client.work import evaluate_model, fit_update, reported_loss
+from geofl.protocols import partial_sync
 from geofl.protocols.errors import GeoflError, SessionError
 from geofl.protocols.serde import (
     DEFAULT_CHUNK_BYTES,
@@ -115,6 +118,7 @@ class ClientRuntime:
         if options.state_dir is not None:
             state_file = options.state_dir / f"{options.node_name}.compression.safetensors"
         self._compressor = UploadCompressor(state_file)
+        self._progress = LocalProgress()
         self._secure = SecureRounds()
         self._stop = threading.Event()
         self._rejoin = threading.Event()
@@ -214,6 +218,9 @@ class ClientRuntime:
         return max(1.0, task.deadline_unix_s - time.time() + 5.0)
 
     def _handle(self, task: pb.Task) -> None:
+        if task.kind == pb.TASK_KIND_FIT and partial_sync.CONFIG_KEY in task.config:
+            self._handle_overlapped(task)
+            return
         header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
         tensors: Mapping[str, Tensorish] | None = None
         started = time.perf_counter()
@@ -236,6 +243,84 @@ class ClientRuntime:
             tensors = None
         header.compute_s = time.perf_counter() - started
         self._conn.submit(header, tensors, self._opt.chunk_bytes, self._remaining(task))
+        self.tasks_done += 1
+
+    def _handle_overlapped(self, task: pb.Task) -> None:
+        """A partial-sync fit: each layer group is uploaded while the next segments train."""
+        started = time.perf_counter()
+        try:
+            global_weights = self._model(task)
+        except Exception as exc:  # as in _handle: report the failure, keep serving
+            log.error("model download failed for task %d: %s", task.task_id, exc)
+            self._report_failure(task, exc, time.perf_counter() - started)
+            return
+        timeout = self._remaining(task)
+        header = pb.UploadHeader(
+            task_id=task.task_id,
+            round=task.round,
+            attempt=1,
+            update_kind=pb.UPDATE_KIND_DELTA,
+            payload_bytes=sum(int(v.nbytes) for v in global_weights.values()),
+        )
+        upload = BackgroundUpload(
+            lambda messages: self._conn.submit_messages(messages, timeout),
+            header,
+            self._opt.chunk_bytes,
+        )
+        trailer = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
+        try:
+            self._fit_in_segments(task, global_weights, upload, trailer)
+            trailer.status = pb.RESULT_STATUS_OK
+        except Exception as exc:  # the user's code failed: the trailer says so
+            log.error("client app failed on task %d:\n%s", task.task_id, traceback.format_exc())
+            trailer.status = pb.RESULT_STATUS_CLIENT_ERROR
+            trailer.error = f"{type(exc).__name__}: {exc}"[:2000]
+        trailer.compute_s = time.perf_counter() - started
+        upload.finish(trailer)
+        self.tasks_done += 1
+
+    def _fit_in_segments(
+        self,
+        task: pb.Task,
+        global_weights: Weights,
+        upload: BackgroundUpload,
+        trailer: pb.UploadHeader,
+    ) -> None:
+        if self._client is None:
+            raise RuntimeError("no client app")
+        config = scalar_map(task.config)
+        keep = partial_sync.keeps_local(config)
+        fit = fit_in_segments(
+            self._client,
+            global_weights,
+            config,
+            lambda index, update: upload.send(self._encode_group(task, update)),
+            self._progress.for_run(task.run_id) if keep else None,
+        )
+        trailer.num_examples = fit.num_examples
+        _fill_metrics(trailer, fit.metrics)
+
+    def _encode_group(self, task: pb.Task, update: GroupUpdate) -> Mapping[str, Tensorish]:
+        """One layer group under the server's upload plan (raw when there is none)."""
+        if not task.HasField("upload") or not task.upload.steps:
+            return update
+        plan = plan_from_proto(task.upload)
+        tensors, _ = self._compressor.encode(
+            update, plan, run_id=task.run_id, round_number=task.round, seed=task.task_id
+        )
+        return tensors
+
+    def _report_failure(self, task: pb.Task, exc: Exception, seconds: float) -> None:
+        header = pb.UploadHeader(
+            task_id=task.task_id,
+            round=task.round,
+            attempt=1,
+            status=pb.RESULT_STATUS_CLIENT_ERROR,
+            update_kind=pb.UPDATE_KIND_NONE,
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            compute_s=seconds,
+        )
+        self._conn.submit(header, None, self._opt.chunk_bytes, self._remaining(task))
         self.tasks_done += 1
 
     def _handle_message(self, task: pb.Task) -> None:

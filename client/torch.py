@@ -9,6 +9,7 @@ buffers (e.g. BatchNorm statistics) travel too.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from geofl.client.app import Client
+from geofl.protocols.partial_sync import SEGMENT_KEY
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 
 Tensor = torch.Tensor
@@ -106,6 +108,19 @@ def _config_count(config: Mapping[str, Scalar], key: str, default: int | None) -
     return value
 
 
+@dataclass
+class _Segment:
+    """What the segments of one partially synchronized round share."""
+
+    optimizer: torch.optim.Optimizer
+    anchor: list[Tensor]
+    batches: Iterator[Batch]
+
+    def take(self, steps: int) -> Iterator[Batch]:
+        """The next ``steps`` batches of the round's data order."""
+        return itertools.islice(self.batches, steps)
+
+
 def _unpack(batch: object) -> Batch:
     if isinstance(batch, tuple | list) and len(batch) == 2:
         inputs, targets = batch
@@ -178,6 +193,11 @@ class TorchClient(Client):
     Round config keys read: ``lr``, ``local_epochs``, ``local_steps``, ``proximal_mu``
     (FedProx, off when 0 or absent) and ``seed`` (seeds torch's global generator, which
     also drives ``DataLoader`` shuffling, so a round is reproducible).
+
+    In a partially synchronized round (:mod:`geofl.client.partial_sync`) ``fit`` is
+    called once per segment with ``sync_segment`` 0, 1, ...; segments after the first
+    continue the first one's optimizer (momentum), data order and proximal anchor, so
+    the segments together train exactly as one ``fit`` of all the steps would.
     """
 
     def __init__(
@@ -204,22 +224,29 @@ class TorchClient(Client):
         self.loss_fn: LossFn = loss_fn if loss_fn is not None else nn.CrossEntropyLoss()
         self.local_epochs = local_epochs
         self.local_steps = local_steps
+        self._segment: _Segment | None = None
 
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
         """Train from ``parameters``; return new weights, examples seen, loss and accuracy.
 
         ``num_examples`` counts every example trained on, over all epochs or steps.
         """
-        if "seed" in config:
+        continuing = self._segment is not None and _config_number(config, SEGMENT_KEY, 0.0) > 0
+        if "seed" in config and not continuing:
             torch.manual_seed(int(_config_number(config, "seed", 0)))
         load_weights(self.model, parameters)
         mu = _config_number(config, "proximal_mu", 0.0)
-        optimizer = self._make_optimizer(config)
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        anchor = [p.detach().clone() for p in trainable] if mu > 0 and trainable else []
+        if continuing and self._segment is not None:
+            optimizer, anchor = self._segment.optimizer, self._segment.anchor
+            batches = self._segment.take(_config_count(config, "local_steps", None) or 1)
+        else:
+            optimizer = self._make_optimizer(config)
+            anchor = [p.detach().clone() for p in trainable] if mu > 0 and trainable else []
+            batches = self._first_batches(config, optimizer, anchor)
         self.model.train()
         tally = _Tally()
-        for inputs, targets in self._train_batches(config):
+        for inputs, targets in batches:
             optimizer.zero_grad()
             outputs = self.model(inputs)
             loss = self.loss_fn(outputs, targets)
@@ -257,6 +284,26 @@ class TorchClient(Client):
             return self.optimizer_factory(self.model.parameters())
         lr = _config_number(config, "lr", 0.01)
         return torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+
+    def _first_batches(
+        self, config: Config, optimizer: torch.optim.Optimizer, anchor: list[Tensor]
+    ) -> Iterator[Batch]:
+        """This fit's batches; in a segmented round, also the continuation for the rest."""
+        if SEGMENT_KEY not in config:
+            self._segment = None
+            return self._train_batches(config)
+        self._segment = _Segment(optimizer, anchor, self._cycled_batches())
+        return self._segment.take(_config_count(config, "local_steps", None) or 1)
+
+    def _cycled_batches(self) -> Iterator[Batch]:
+        """The loader's batches over and over (as ``local_steps`` training draws them)."""
+        while True:
+            empty = True
+            for batch in self._batches(self.train_loader):
+                empty = False
+                yield batch
+            if empty:
+                return
 
     def _batches(self, loader: Iterable[Batch]) -> Iterator[Batch]:
         for batch in loader:

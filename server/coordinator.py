@@ -21,16 +21,18 @@ import grpc
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
-from geofl.protocols.types import Scalar, Weights
+from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.async_engine import fedbuff_engine
 from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
+from geofl.server.config.errors import ConfigError
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.model_store import ModelStore
 from geofl.server.recorder import DatabaseRecorder
 from geofl.server.registry import Outcome, Registry, TaskRecord
 from geofl.server.scheduling import LinkEstimator
+from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.secure_round import SecureSettings
 from geofl.server.spool import MemoryBudget
@@ -62,8 +64,20 @@ class RunResult:
 def build_strategy(config: RunConfig) -> Strategy:
     """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
     if config.schedule.mode == "diloco":
-        diloco = config.schedule.diloco
-        return DiLoCo(outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum)
+        diloco, partial = config.schedule.diloco, config.schedule.partial_sync
+        layer_sync = (
+            LayerSyncPlanner(
+                partial.points,
+                partial.groups,
+                keep_local=partial.keep_local,
+                tail_steps=partial.tail_for(config.local_steps),
+            )
+            if partial.enabled
+            else None
+        )
+        return DiLoCo(
+            outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum, layer_sync=layer_sync
+        )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
     for key in ("clients_per_round", "min_clients"):
@@ -196,6 +210,7 @@ class Coordinator:
         self.strategy = build_strategy(config)
         self.registry = Registry(config.server.heartbeat_interval_s, clock=clock)
         self.weights, self.run_id, self.start_round = self._resume_or_create()
+        self._check_layer_sync(self.weights)
         size = model_bytes(spec_of(self.weights))
         if size > config.server.max_model_bytes:
             raise UserCodeError(
@@ -228,6 +243,8 @@ class Coordinator:
         with self.db.session() as session:
             run = queries.find_resumable_run(session, cfg.run.name, cfg.config_sha256())
             if run is None:
+                weights = load_initial_weights(cfg.model)
+                self._check_layer_sync(weights)  # before the run is recorded
                 run = queries.create_run(
                     session,
                     cfg.run.name,
@@ -236,7 +253,7 @@ class Coordinator:
                     simulated_clock=self.clock.simulated,
                     now=self.clock.now(),
                 )
-                return load_initial_weights(cfg.model), run.id, 1
+                return weights, run.id, 1
             run_id, last = run.id, run.last_committed_round
             checkpoint = queries.latest_checkpoint(session, run_id)
             queries.add_event(session, "run.resumed", f"resuming after round {last}", run_id=run_id)
@@ -246,6 +263,18 @@ class Coordinator:
         self.strategy.load_state(state)
         log.info("resuming run %d after round %d", run_id, last)
         return weights, run_id, last + 1
+
+    def _check_layer_sync(self, weights: WeightsView) -> None:
+        """A partial-sync schedule must fit the model before the first round."""
+        layer_sync = getattr(self.strategy, "layer_sync", None)
+        if not isinstance(layer_sync, LayerSyncPlanner):
+            return
+        try:
+            layer_sync.groups(spec_of(weights))
+        except PartialSyncError as exc:
+            raise ConfigError.single(
+                self.config.run.name, str(exc), path="schedule.partial_sync"
+            ) from exc
 
     def _upload_plan(self, region: str | None) -> UploadPlan | None:
         """How a client in ``region`` compresses its update (None: uncompressed)."""

@@ -377,7 +377,7 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32: _Optional[int] = ..., first: _Optional[bool] = ..., last: _Optional[bool] = ..., encoding: _Optional[_Union[Encoding, _Mapping]] = ..., add_to_base: _Optional[bool] = ...) -> None: ...
 
 class UploadHeader(_message.Message):
-    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes", "secagg", "flower")
+    __slots__ = ("task_id", "round", "attempt", "status", "update_kind", "num_examples", "metrics", "loss", "error", "num_tensors", "compute_s", "payload_bytes", "secagg", "flower", "trailer_follows")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -399,6 +399,7 @@ class UploadHeader(_message.Message):
     PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
     SECAGG_FIELD_NUMBER: _ClassVar[int]
     FLOWER_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FOLLOWS_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     round: int
     attempt: int
@@ -413,7 +414,8 @@ class UploadHeader(_message.Message):
     payload_bytes: int
     secagg: SecAggResult
     flower: FlowerContent
-    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., secagg: _Optional[_Union[SecAggResult, _Mapping]] = ..., flower: _Optional[_Union[FlowerContent, _Mapping]] = ...) -> None: ...
+    trailer_follows: bool
+    def __init__(self, task_id: _Optional[int] = ..., round: _Optional[int] = ..., attempt: _Optional[int] = ..., status: _Optional[_Union[ResultStatus, str]] = ..., update_kind: _Optional[_Union[UpdateKind, str]] = ..., num_examples: _Optional[int] = ..., metrics: _Optional[_Mapping[str, Scalar]] = ..., loss: _Optional[float] = ..., error: _Optional[str] = ..., num_tensors: _Optional[int] = ..., compute_s: _Optional[float] = ..., payload_bytes: _Optional[int] = ..., secagg: _Optional[_Union[SecAggResult, _Mapping]] = ..., flower: _Optional[_Union[FlowerContent, _Mapping]] = ..., trailer_follows: _Optional[bool] = ...) -> None: ...
 
 class FlowerContent(_message.Message):
     __slots__ = ("message_type", "group_id", "records", "array_records", "record_order", "error")
@@ -448,12 +450,14 @@ class FlowerError(_message.Message):
     def __init__(self, code: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class UploadMessage(_message.Message):
-    __slots__ = ("header", "chunk")
+    __slots__ = ("header", "chunk", "trailer")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    TRAILER_FIELD_NUMBER: _ClassVar[int]
     header: UploadHeader
     chunk: TensorChunk
-    def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    trailer: UploadHeader
+    def __init__(self, header: _Optional[_Union[UploadHeader, _Mapping]] = ..., chunk: _Optional[_Union[TensorChunk, _Mapping]] = ..., trailer: _Optional[_Union[UploadHeader, _Mapping]] = ...) -> None: ...
 
 class SubmitReply(_message.Message):
     __slots__ = ("accepted", "error_code", "message")

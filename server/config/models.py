@@ -27,7 +27,12 @@ from geofl.server.config.fields import (
     redact_url,
     split_address,
 )
-from geofl.server.config.schedule import AsyncConfig, DilocoConfig, SelectionConfig
+from geofl.server.config.schedule import (
+    AsyncConfig,
+    DilocoConfig,
+    PartialSyncConfig,
+    SelectionConfig,
+)
 from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.simulation import (
     ComputeConfig,
@@ -108,6 +113,11 @@ class ScheduleConfig(Section):
     )
     diloco: DilocoConfig = Field(
         default_factory=DilocoConfig, description="mode: diloco — local steps, outer optimizer."
+    )
+    partial_sync: PartialSyncConfig = Field(
+        default_factory=PartialSyncConfig,
+        description="mode: diloco — layer-wise partial synchronization with uploads "
+        "overlapped with the remaining local steps.",
     )
     deadline_s: float = Field(
         default=600.0,
@@ -419,6 +429,51 @@ class RunConfig(Section):
             raise ValueError(
                 f"schedule.mode diloco uses its own outer optimizer (schedule.diloco); "
                 f"strategy.name {self.strategy.name!r} would be ignored: leave it fedavg"
+            )
+        return self
+
+    @property
+    def local_steps(self) -> int:
+        """Local steps of a DiLoCo round: round_config's ``local_steps`` wins if it is set."""
+        steps = self.round_config.get("local_steps")
+        if isinstance(steps, int) and not isinstance(steps, bool):
+            return steps
+        return self.schedule.diloco.local_steps
+
+    @model_validator(mode="after")
+    def _partial_sync_composes(self) -> RunConfig:
+        """Partial sync cuts DiLoCo's H steps into segments of separately sent layers."""
+        partial = self.schedule.partial_sync
+        if not partial.enabled:
+            return self
+        if self.schedule.mode != "diloco":
+            raise ValueError(
+                "schedule.partial_sync needs schedule.mode diloco: it splits the H local "
+                f"steps of a DiLoCo round (mode is {self.schedule.mode!r})"
+            )
+        steps = self.local_steps
+        if partial.points > steps:
+            raise ValueError(
+                f"schedule.partial_sync has {partial.points} sync points but rounds have "
+                f"{steps} local steps (schedule.diloco.local_steps, or round_config's "
+                "local_steps): every segment needs a step"
+            )
+        tail = partial.tail_for(steps)
+        if (partial.points - 1) * tail >= steps:
+            raise ValueError(
+                f"schedule.partial_sync.tail_steps {tail} x {partial.points - 1} later "
+                f"segments leaves none of the round's {steps} local steps for the first "
+                "segment"
+            )
+        if self.secure_aggregation.enabled:
+            raise ValueError(
+                "schedule.partial_sync cannot be combined with secure_aggregation: a masked "
+                "update is one vector, it cannot be sent layer group by layer group"
+            )
+        if self.simulation.relays:
+            raise ValueError(
+                "schedule.partial_sync cannot be combined with simulation.relays: relays "
+                "forward one regional update after every client has finished"
             )
         return self
 

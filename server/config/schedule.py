@@ -1,4 +1,4 @@
-"""Sections of ``schedule`` beyond the synchronous round: selection, async and DiLoCo."""
+"""Sections of ``schedule`` beyond the synchronous round: selection, async, DiLoCo, partial sync."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pydantic import Field, model_validator
 
 from geofl.server.config.fields import Section
 
-__all__ = ["AsyncConfig", "DilocoConfig", "SelectionConfig", "StalenessConfig"]
+__all__ = [
+    "AsyncConfig",
+    "DilocoConfig",
+    "PartialSyncConfig",
+    "SelectionConfig",
+    "StalenessConfig",
+]
 
 
 class SelectionConfig(Section):
@@ -114,4 +120,73 @@ class DilocoConfig(Section):
     def _sane(self) -> DilocoConfig:
         if self.outer_lr > 10:
             raise ValueError(f"outer_lr {self.outer_lr} is implausibly large (DiLoCo uses 0.7)")
+        return self
+
+
+class PartialSyncConfig(Section):
+    """Layer-wise partial synchronization of DiLoCo rounds (DreamDDP-style).
+
+    The H local steps are cut into ``sync_points`` segments; after segment k, layer group
+    k is frozen into the upload and sent while the remaining segments train, so the WAN
+    transfer hides behind computation and only the last group's transfer is exposed.
+    """
+
+    sync_points: int = Field(
+        default=0,
+        ge=0,
+        description="Layer groups per round, each sent after its segment of local steps; "
+        "0 = off (the whole model is sent after the last step). At most "
+        "schedule.diloco.local_steps.",
+    )
+    groups: list[list[str]] | None = Field(
+        default=None,
+        description="Explicit groups in sync order, as lists of tensor-name patterns "
+        "(fnmatch, e.g. 'conv1.*'); every tensor must match exactly one group. null = "
+        "planned: groups of balanced bytes, the tensors that changed least in the last "
+        "outer steps synchronized first.",
+    )
+    tail_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Local steps between consecutive sync points at the end of the round; "
+        "the first segment takes the rest, so each group is sent as late as its transfer "
+        "can still hide behind the steps after it. null = max(1, H // (2 x sync points)).",
+    )
+    keep_local: bool = Field(
+        default=True,
+        description="Keep what a layer learns after its group was sent on the client and "
+        "add it to the client's next upload of that layer (otherwise it is discarded).",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether rounds are partially synchronized."""
+        return self.sync_points > 0 or self.groups is not None
+
+    @property
+    def points(self) -> int:
+        """Number of groups per round (the explicit groups' count when given)."""
+        return len(self.groups) if self.groups is not None else self.sync_points
+
+    def tail_for(self, local_steps: int) -> int:
+        """The tail steps for rounds of ``local_steps`` (the automatic value when null)."""
+        if self.tail_steps is not None:
+            return self.tail_steps
+        return max(1, local_steps // (2 * max(self.points, 1)))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PartialSyncConfig:
+        if self.groups is not None:
+            if not self.groups or any(not group for group in self.groups):
+                raise ValueError("groups must be non-empty lists of tensor-name patterns")
+            if self.sync_points not in (0, len(self.groups)):
+                raise ValueError(
+                    f"sync_points {self.sync_points} but {len(self.groups)} groups are given; "
+                    "leave sync_points out or make them equal"
+                )
+        if self.sync_points == 1:
+            raise ValueError(
+                "sync_points 1 sends the whole model after the last step, which is plain "
+                "DiLoCo: use 0, or 2 or more to overlap transfers with training"
+            )
         return self

@@ -10,7 +10,9 @@ coroutine that lives on the simulated clock:
    clock charges ``samples / samples_per_s`` for it;
 3. upload: the update, encoded under the server's upload plan, takes
    ``rtt/2 + jitter + 8 bytes / up rate``; it is then checked (names, shapes, finite
-   values) and decoded exactly as the gRPC servicer would.
+   values) and decoded exactly as the gRPC servicer would. In a partially synchronized
+   round the layer groups are sent as their segments of training end, overlapping the
+   rest of the training (:func:`overlapped_upload`).
 
 A client whose availability window closes mid-task is dropped at that moment; a result
 that arrives after the deadline is late. Training starts in a worker as soon as the task
@@ -32,6 +34,7 @@ import numpy.typing as npt
 
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
+from geofl.protocols.partial_sync import pipelined_upload_end
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
 from geofl.server.clock import Clock
@@ -260,8 +263,12 @@ class VirtualFleet:
         offline_at: float,
     ) -> Outcome | None:
         cost = EVALUATE_COST if task.kind == "evaluate" else 1.0
-        compute_s = link.compute_s(result.samples) * cost
-        upload_s = link.upload_s(result.payload_bytes, link.sample_jitter_s(self._rng))
+        jitter_s = link.sample_jitter_s(self._rng)
+        if result.groups:
+            compute_s, upload_s = overlapped_upload(link, result.groups, jitter_s)
+        else:
+            compute_s = link.compute_s(result.samples) * cost
+            upload_s = link.upload_s(result.payload_bytes, jitter_s)
         arrival = self.now() + compute_s + upload_s
         dropped = await self._until(offline_at, arrival, _offline(who))
         region = link.region
@@ -336,6 +343,27 @@ class VirtualFleet:
         )
 
 
+def overlapped_upload(
+    link: ClientLink, groups: Sequence[tuple[int, int]], jitter_s: float = 0.0
+) -> tuple[float, float]:
+    """Compute seconds, and seconds from its end to the last group's arrival (partial sync).
+
+    Group ``k`` (``(samples, bytes)``) is ready when the samples of groups ``0..k`` are
+    trained; one sender puts the groups on the uplink in order, each occupying it for its
+    serialization (and expected loss stalls); the last byte arrives ``rtt/2 + jitter``
+    after it was sent. With one group this is compute plus :meth:`ClientLink.upload_s`.
+    """
+    ready: list[float] = []
+    trained = 0.0
+    for samples, _ in groups:
+        trained += link.compute_s(samples)
+        ready.append(trained)
+    propagation = link.rtt_s / 2
+    busy = [link.upload_s(nbytes) - propagation for _, nbytes in groups]
+    last_sent = pipelined_upload_end(ready, busy)
+    return trained, last_sent + max(0.0, propagation + jitter_s) - trained
+
+
 def _offline(who: ClientIdentity) -> Outcome:
     return Outcome("dropped", f"{who.name} went offline (availability trace)")
 
@@ -349,4 +377,4 @@ def links_for(
     return [plain_link(i, samples_per_s) for i in range(num_clients)]
 
 
-__all__ += ["links_for"]
+__all__ += ["links_for", "overlapped_upload"]

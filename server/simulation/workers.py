@@ -18,6 +18,7 @@ import os
 import time
 import traceback
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,10 +27,12 @@ import numpy.typing as npt
 
 from geofl.client.app import Client, ClientContext, ClientFactory, load_client_app
 from geofl.client.compressor import UploadCompressor
+from geofl.client.partial_sync import LocalProgress, fit_in_segments
 from geofl.client.work import evaluate_model, fit_update, reported_loss
+from geofl.protocols import partial_sync
 from geofl.protocols.codecs import Chain
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.tensors import EncodedTensor
+from geofl.protocols.tensors import Difference, EncodedTensor
 from geofl.protocols.types import Metrics, Scalar, Weights
 from geofl.server.scheduling.measurements import trained_samples
 
@@ -113,6 +116,8 @@ class JobResult:
     samples: int = 0
     #: Real CPU seconds the job took on this machine (for the record, not the clock).
     cpu_s: float = 0.0
+    #: Partial sync: (samples trained, bytes sent) per layer group, in sending order.
+    groups: list[tuple[int, int]] = field(default_factory=list)
 
 
 class ClientWorker:
@@ -126,6 +131,7 @@ class ClientWorker:
         self._contexts: dict[int, ClientContext] = {}
         self._clients: OrderedDict[int, Client] = OrderedDict()
         self._compressors: dict[int, UploadCompressor] = {}
+        self._progress: dict[int, LocalProgress] = {}
         self._models: dict[ModelKey, Weights] = {}
 
     # ------------------------------------------------------------ models
@@ -160,22 +166,10 @@ class ClientWorker:
         return result
 
     def _fit(self, client: Client, weights: Weights, job: Job) -> JobResult:
+        if partial_sync.CONFIG_KEY in job.config:
+            return self._fit_in_segments(client, weights, job)
         update = fit_update(client, weights, job.config)
-        if job.upload is not None and job.upload.chain:
-            compressor = self._compressors.setdefault(job.client.index, UploadCompressor())
-            encoded, payload_bytes = compressor.encode(
-                update.delta,
-                job.upload,
-                run_id=job.run_id,
-                round_number=job.round,
-                seed=job.task_id,
-            )
-            tensors = {name: _uploaded(item) for name, item in encoded.items()}
-        else:
-            tensors = {
-                name: _raw(difference.materialize()) for name, difference in update.delta.items()
-            }
-            payload_bytes = sum(len(t.payload) for t in tensors.values())
+        tensors, payload_bytes = self._encode(job, update.delta)
         return JobResult(
             "ok",
             num_examples=update.num_examples,
@@ -185,6 +179,50 @@ class ClientWorker:
             payload_bytes=payload_bytes,
             samples=trained_samples(update.num_examples, update.metrics, job.config),
         )
+
+    def _fit_in_segments(self, client: Client, weights: Weights, job: Job) -> JobResult:
+        """A partially synchronized fit: the groups are encoded as the sender would."""
+        tensors: dict[str, UploadedTensor] = {}
+        sent: list[int] = []
+
+        def send(index: int, update: dict[str, npt.NDArray[np.generic]]) -> None:
+            encoded, payload_bytes = self._encode(job, update)
+            tensors.update(encoded)
+            sent.append(payload_bytes)
+
+        keep = partial_sync.keeps_local(job.config)
+        progress = self._progress.setdefault(job.client.index, LocalProgress()) if keep else None
+        fit = fit_in_segments(
+            client, weights, job.config, send, progress.for_run(job.run_id) if progress else None
+        )
+        samples = [trained_samples(n, metrics, config) for n, metrics, config in fit.segments]
+        return JobResult(
+            "ok",
+            num_examples=fit.num_examples,
+            loss=reported_loss(fit.metrics),
+            metrics=fit.metrics,
+            tensors=tensors,
+            payload_bytes=sum(sent),
+            samples=sum(samples),
+            groups=list(zip(samples, sent, strict=True)),
+        )
+
+    def _encode(
+        self, job: Job, delta: Mapping[str, Difference | npt.NDArray[np.generic]]
+    ) -> tuple[dict[str, UploadedTensor], int]:
+        """The update as uploaded: under the job's codec plan (with error feedback) or raw."""
+        if job.upload is not None and job.upload.chain:
+            compressor = self._compressors.setdefault(job.client.index, UploadCompressor())
+            encoded, payload_bytes = compressor.encode(
+                delta,
+                job.upload,
+                run_id=job.run_id,
+                round_number=job.round,
+                seed=job.task_id,
+            )
+            return {name: _uploaded(item) for name, item in encoded.items()}, payload_bytes
+        tensors = {name: _uploaded(item) for name, item in delta.items()}
+        return tensors, sum(len(t.payload) for t in tensors.values())
 
     def _evaluate(self, client: Client, weights: Weights, job: Job) -> JobResult:
         evaluation = evaluate_model(client, weights, job.config)

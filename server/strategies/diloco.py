@@ -13,6 +13,11 @@ Written in geofl's sign convention (``mean_delta = client - global``), with ``u 
     w = w + lr * (mean_delta + mu * u)
 
 With ``mu = 0`` and ``lr = 1`` this is FedAvg.
+
+With a :class:`~geofl.server.scheduling.partial_sync.LayerSyncPlanner` the rounds are
+partially synchronized: each round's config names the layer groups the clients send
+after each segment of their local steps (:mod:`geofl.protocols.partial_sync`), and every
+outer step tells the planner how far each layer moved.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from geofl.protocols.types import Config
+from geofl.protocols.tensors import ModelSpec, spec_of
+from geofl.protocols.types import Config, Scalar, Weights, WeightsView
+from geofl.server.scheduling.partial_sync import LayerSyncPlanner
 from geofl.server.strategies._numeric import F64Array
 from geofl.server.strategies.fedavg import FedAvg
 from geofl.server.strategies.server_opt import check_range
+from geofl.server.strategies.streaming import StreamingMean
 
 __all__ = ["DiLoCo"]
 
@@ -37,16 +45,46 @@ class DiLoCo(FedAvg):
         Outer learning rate (DiLoCo uses 0.7), > 0.
     outer_momentum
         Nesterov momentum in [0, 1) (DiLoCo uses 0.9).
+    layer_sync
+        Plans partially synchronized rounds; None sends the whole model after the last step.
     """
 
     name: ClassVar[str] = "diloco"
     slots: ClassVar[tuple[str, ...]] = ("momentum",)
 
-    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.9) -> None:
+    def __init__(
+        self,
+        outer_lr: float = 0.7,
+        outer_momentum: float = 0.9,
+        layer_sync: LayerSyncPlanner | None = None,
+    ) -> None:
         super().__init__(server_lr=outer_lr)
         self.outer_momentum = check_range(
             "outer_momentum", outer_momentum, 0.0, 1.0, low_open=False, high_open=True
         )
+        self.layer_sync = layer_sync
+        self._spec: ModelSpec | None = None
+
+    def begin_round(self, global_weights: WeightsView) -> StreamingMean:
+        """Remember the model's layout (the round's groups are planned over it)."""
+        self._spec = spec_of(global_weights)
+        return super().begin_round(global_weights)
+
+    def configure_fit(self, server_round: int, base_config: Mapping[str, Scalar]) -> Config:
+        """Add this round's layer groups when rounds are partially synchronized."""
+        config = super().configure_fit(server_round, base_config)
+        if self.layer_sync is not None and self._spec is not None:
+            config.update(self.layer_sync.round_config(self._spec, config))
+        return config
+
+    def apply(
+        self, global_weights: WeightsView, mean_delta: WeightsView, server_round: int
+    ) -> Weights:
+        """The outer step; the layer planner learns how far each layer moved."""
+        new = super().apply(global_weights, mean_delta, server_round)
+        if self.layer_sync is not None:
+            self.layer_sync.observe(global_weights, new)
+        return new
 
     def hyperparameters(self) -> Config:
         """Return ``{"outer_lr": ..., "outer_momentum": ...}``."""

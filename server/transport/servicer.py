@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from geofl.protocols import serde, streams
+from geofl.protocols import partial_sync, serde, streams
 from geofl.protocols.errors import (
     ErrorCode,
     GeoflError,
@@ -311,6 +311,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> Outcome:
         if task.kind == "message":
             return await self._receive_reply(header, messages)
+        if header.trailer_follows:
+            return await self._receive_overlapped(task, header, messages)
         metrics = serde.scalar_map(header.metrics)
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
             return Outcome("failed", header.error or "client error", metrics=metrics)
@@ -360,6 +362,40 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             bytes_up=received,
             bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
         )
+
+    async def _receive_overlapped(
+        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
+    ) -> Outcome:
+        """A partial-sync upload: layer groups streamed during training, then a trailer."""
+        groups = partial_sync.groups_of(task.config, [t.name for t in self._s.spec])
+        if task.kind != "fit" or groups is None or task.secagg is not None:
+            raise ProtocolError("trailer_follows is only for fit tasks of a partial-sync round")
+        if header.update_kind != pb.UPDATE_KIND_DELTA:
+            raise ProtocolError("a fit result must carry a DELTA update")
+        size = model_bytes(self._s.spec)
+        announced = int(header.payload_bytes) or size
+        if announced > 2 * size + _PAYLOAD_SLACK:
+            raise TensorError(f"an upload of {announced} bytes for a {size}-byte model")
+        sink = SpoolSink(self._s.upload_budget, announced)
+        assembler = streams.Assembler(
+            sink,
+            partial_sync.upload_order(self._s.spec, groups),
+            max_total_bytes=announced,
+            check_finite=True,
+        )
+        try:
+            received, trailer = await _drain_until_trailer(assembler, messages)
+            outcome = _trailer_outcome(trailer)
+        except BaseException:
+            sink.discard()
+            raise
+        if outcome.status != "ok":
+            sink.discard()
+            return outcome
+        outcome.update = sink.update()
+        outcome.bytes_up = received
+        outcome.bytes_up_raw = received - assembler.payload_bytes + assembler.total_bytes
+        return outcome
 
     async def _receive_masked(
         self, secagg: pb.SecAggTask, header: pb.UploadHeader, messages: AsyncIterator[bytes]
@@ -426,6 +462,45 @@ async def _drain(assembler: streams.Assembler, messages: AsyncIterator[bytes]) -
         received += len(raw)
     assembler.finish()
     return received
+
+
+async def _drain_until_trailer(
+    assembler: streams.Assembler, messages: AsyncIterator[bytes]
+) -> tuple[int, pb.UploadHeader]:
+    """Feed the chunks to ``assembler`` up to the trailer; the wire bytes and the trailer."""
+    received = 0
+    async for raw in messages:
+        received += len(raw)
+        message = serde.decode_upload(raw)
+        body = message.WhichOneof("body")
+        if body == "trailer":
+            if await anext(messages, None) is not None:
+                raise ProtocolError("nothing may follow the upload's trailer")
+            if message.trailer.status != pb.RESULT_STATUS_CLIENT_ERROR:
+                assembler.finish()  # a failed fit may have stopped after any group
+            return received, message.trailer
+        if body != "chunk":
+            raise ProtocolError("only tensor chunks and a trailer may follow the UploadHeader")
+        assembler.feed(message.chunk)
+    raise TruncatedStreamError("the upload ended without the trailer its header announced")
+
+
+def _trailer_outcome(trailer: pb.UploadHeader) -> Outcome:
+    """The outcome a partial-sync trailer reports (its tensors are added by the caller)."""
+    metrics = serde.scalar_map(trailer.metrics)
+    if trailer.status == pb.RESULT_STATUS_CLIENT_ERROR:
+        return Outcome("failed", trailer.error or "client error", metrics=metrics)
+    if trailer.status != pb.RESULT_STATUS_OK:
+        raise ProtocolError(f"upload trailer status {trailer.status} is not a valid status")
+    if trailer.num_examples <= 0:
+        raise ProtocolError("a fit result must report num_examples > 0")
+    return Outcome(
+        "ok",
+        num_examples=int(trailer.num_examples),
+        loss=trailer.loss,
+        metrics=metrics,
+        compute_s=trailer.compute_s or None,
+    )
 
 
 def _passthrough(data: bytes) -> bytes:

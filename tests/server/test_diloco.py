@@ -78,3 +78,19 @@ def test_mode_diloco_builds_the_outer_optimizer_and_sets_local_steps() -> None:
 def test_mode_diloco_with_another_strategy_is_refused() -> None:
     with pytest.raises(ConfigError, match=r"schedule\.mode diloco uses its own outer optimizer"):
         parse_config({**BASE, "schedule": {"mode": "diloco"}, "strategy": {"name": "fedadam"}}, "t")
+
+
+def test_partial_sync_is_checked_against_the_local_steps_rounds_really_have() -> None:
+    """round_config's local_steps wins over schedule.diloco's, so it is what must fit."""
+    schedule = {
+        "mode": "diloco",
+        "diloco": {"local_steps": 30},
+        "partial_sync": {"sync_points": 4},
+    }
+    with pytest.raises(ConfigError, match=r"4 sync points but rounds have 2 local steps"):
+        parse_config({**BASE, "schedule": schedule, "round_config": {"local_steps": 2}}, "t")
+    config = parse_config({**BASE, "schedule": schedule, "round_config": {"local_steps": 8}}, "t")
+    strategy = build_strategy(config)
+    assert isinstance(strategy, DiLoCo) and strategy.layer_sync is not None
+    # The automatic tail follows the 8 steps clients will run: 8 // (2 x 4) = 1.
+    assert strategy.layer_sync.tail_steps == 1

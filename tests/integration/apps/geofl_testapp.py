@@ -140,3 +140,34 @@ def partition_app(context: ClientContext) -> Client:
     if indices is None:
         raise ValueError("no partition-file in the node config")
     return PartitionClient(indices)
+
+
+class StepClient(Client):
+    """Adds ``(1 + partition-id) x local_steps`` to every float tensor (ints: + steps).
+
+    Reports ``10 x local_steps`` examples, so a partially synchronized round's groups
+    and their aggregate are known exactly. Node config ``behaviour: raise-late`` fails
+    in the second segment of a partial-sync round (after a group was already sent).
+    """
+
+    def __init__(self, rate: float, behaviour: str) -> None:
+        self.rate = rate
+        self.behaviour = behaviour
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        steps = int(config.get("local_steps", 1))
+        if self.behaviour == "raise-late" and config.get("sync_segment") == 1:
+            raise ValueError("deliberate failure in the second segment")
+        out = {
+            k: v + self.rate * steps if v.dtype.kind == "f" else v + steps
+            for k, v in parameters.items()
+        }
+        return out, 10 * steps, {"train_loss": self.rate}
+
+    def evaluate(self, parameters: Weights, config: Config) -> tuple[float, int, Metrics]:
+        return float(parameters["w"].mean()), 5, {}
+
+
+def step_app(context: ClientContext) -> Client:
+    node = context.node_config
+    return StepClient(1.0 + float(node.get("partition-id", 0)), str(node.get("behaviour", "ok")))
