@@ -127,6 +127,10 @@ class WanSpec:
     buffer_size: int = 10
     concurrency: int = 20
     diloco_steps: int = 20
+    #: Layer groups per DiLoCo round in the partial-sync configurations.
+    sync_points: int = 4
+    #: Steps between the sync points at the end of a round (None: the automatic value).
+    tail_steps: int | None = None
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     workers: int = 2
@@ -374,15 +378,17 @@ def relays_refusal(spec: WanSpec) -> str:
     return "accepted (unexpectedly): run it"
 
 
-def partial_sync_absence(spec: WanSpec) -> str:
-    """Why DiLoCo with partial synchronization has no row: the section has no such key."""
-    from geofl.server.config.schedule import DilocoConfig
+def _partial(spec: WanSpec) -> dict[str, Any]:
+    partial = {"sync_points": spec.sync_points, "tail_steps": spec.tail_steps}
+    return {"schedule": {"partial_sync": partial}}
 
-    keys = ", ".join(DilocoConfig.model_fields)
-    return (
-        "not implemented: schedule.diloco has no partial-synchronization setting "
-        f"(its keys: {keys}); every round synchronizes the whole model"
-    )
+
+def _diloco_partial(spec: WanSpec, deadlines: Deadlines) -> dict[str, Any]:
+    return deep_merge(_diloco(spec, deadlines), _partial(spec))
+
+
+def _diloco_partial_deadline(spec: WanSpec, deadlines: Deadlines) -> dict[str, Any]:
+    return deep_merge(_diloco_deadline(spec, deadlines), _partial(spec))
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -396,8 +402,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "diloco-deadline", "geofl DiLoCo + deadline-aware selection", "geofl", _diloco_deadline
     ),
+    Scenario("diloco-partial", "geofl DiLoCo, partial sync", "geofl", _diloco_partial),
     Scenario(
-        "diloco-partial", "DiLoCo, partial sync", "unavailable", unavailable=partial_sync_absence
+        "diloco-partial-deadline",
+        "geofl DiLoCo, partial sync + deadline-aware selection",
+        "geofl",
+        _diloco_partial_deadline,
     ),
 )
 _BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
@@ -618,6 +628,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-s", type=float, default=None, help="default: computed")
     parser.add_argument("--deadline-quantile", type=float, default=defaults.deadline_quantile)
     parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--sync-points", type=int, default=defaults.sync_points)
+    parser.add_argument("--tail-steps", type=int, default=0, help="0: automatic")
     parser.add_argument("--max-train-samples", type=int, default=0, help="0: whole shares")
     parser.add_argument(
         "--scenarios", default=",".join(s.name for s in SCENARIOS), help="comma-separated"
@@ -631,6 +643,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="recompute the summary of --out, print its table, redraw --png (no runs)",
     )
     parser.add_argument("--resume", action="store_true", help="keep scenarios --out has")
+    parser.add_argument(
+        "--rerun", default="", help="with --resume: comma-separated scenarios to run again"
+    )
     parser.add_argument("--keep", type=Path, default=None, help="keep work files here")
     parser.add_argument("--no-lock", action="store_true", help="already under flock")
     parser.add_argument("--child", nargs=2, type=Path, help=argparse.SUPPRESS)
@@ -652,6 +667,8 @@ def _spec(args: argparse.Namespace) -> WanSpec:
         deadline_s=args.deadline_s,
         deadline_quantile=args.deadline_quantile,
         workers=args.workers,
+        sync_points=args.sync_points,
+        tail_steps=args.tail_steps or None,
         max_train_samples=args.max_train_samples,
     )
 
@@ -661,7 +678,21 @@ def _previous(out: Path, spec: WanSpec) -> list[dict[str, Any]]:
     if not out.exists():
         return []
     report = json.loads(out.read_text())
-    return list(report["scenarios"]) if report.get("spec") == asdict(spec) else []
+    old = report.get("spec") or {}
+    current, defaults = asdict(spec), asdict(WanSpec())
+    # A key added to WanSpec after the report was written counts at its default value.
+    same = set(old) <= set(current) and all(
+        old.get(key, defaults[key]) == value for key, value in current.items()
+    )
+    return list(report["scenarios"]) if same else []
+
+
+def _previous_wall(out: Path) -> dict[str, Any] | None:
+    """The wall-clock validation an earlier report holds, if any."""
+    if not out.exists():
+        return None
+    wall = json.loads(out.read_text()).get("wall_validation")
+    return dict(wall) if isinstance(wall, dict) else None
 
 
 def run_benchmark(
@@ -718,10 +749,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = _spec(args)
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    done = _previous(args.out, spec) if args.resume else []
+    rerun = {s.strip() for s in args.rerun.split(",") if s.strip()}
+    done = [r for r in _previous(args.out, spec) if r["name"] not in rerun] if args.resume else []
     root = args.keep or Path(tempfile.mkdtemp(prefix="geofl-wan-"))
     root.mkdir(parents=True, exist_ok=True)
-    wall: dict[str, Any] | None = None
+    # --resume without --wall keeps the earlier report's wall-clock check.
+    wall = _previous_wall(args.out) if args.resume and not args.wall else None
 
     def save(setup: Setup, records: list[dict[str, Any]]) -> None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

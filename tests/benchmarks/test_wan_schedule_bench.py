@@ -100,10 +100,20 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
     assert config.strategy.clients_per_round == 20 and config.run.seed == spec.seed
     assert config.evaluation.server is not None and config.evaluation_clients == 0
     schedule = config.schedule
-    modes = {"fedbuff": "async", "diloco": "diloco", "diloco-deadline": "diloco"}
+    modes = {"fedbuff": "async"} | dict.fromkeys(
+        ("diloco", "diloco-deadline", "diloco-partial", "diloco-partial-deadline"), "diloco"
+    )
     assert schedule.mode == modes.get(name, "sync")
+    assert schedule.partial_sync.enabled is name.startswith("diloco-partial")
+    if schedule.partial_sync.enabled:
+        assert schedule.partial_sync.sync_points == spec.sync_points
     # Rounds of epochs get the epochs' deadline, DiLoCo's rounds of steps their own.
-    deadlines = {"deadline": 4.0, "adaptive": 4.0, "diloco-deadline": 5.0}
+    deadlines = {
+        "deadline": 4.0,
+        "adaptive": 4.0,
+        "diloco-deadline": 5.0,
+        "diloco-partial-deadline": 5.0,
+    }
     assert (schedule.selection.policy == "deadline") is (name in deadlines)
     assert schedule.deadline_s == deadlines.get(name, wan.NO_DEADLINE_S)
     assert config.compression.adaptive is (name == "adaptive")
@@ -114,10 +124,9 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
 
 def test_unavailable_rows_give_the_configuration_models_reasons() -> None:
     relays = wan.scenario("relays").unavailable
-    partial = wan.scenario("diloco-partial").unavailable
-    assert relays is not None and partial is not None
+    assert relays is not None
     assert "virtual clock does not simulate relays" in relays(wan.WanSpec())
-    assert "local_steps, outer_lr, outer_momentum" in partial(wan.WanSpec())
+    assert wan.scenario("diloco-partial").unavailable is None
 
 
 def test_predicted_rounds_charge_epochs_over_shares_or_fixed_steps() -> None:
