@@ -32,6 +32,7 @@ class ErrorCode(enum.Enum):
     MODEL_UNAVAILABLE = ("E109", grpc.StatusCode.NOT_FOUND, "model version not available")
     DUPLICATE_RESULT = ("E110", grpc.StatusCode.ALREADY_EXISTS, "result already submitted")
     RUN_FINISHED = ("E111", grpc.StatusCode.FAILED_PRECONDITION, "the run is over")
+    UNKNOWN_REGION = ("E112", grpc.StatusCode.FAILED_PRECONDITION, "region not served by the run")
     INTERNAL = ("E199", grpc.StatusCode.INTERNAL, "internal server error")
 
     def __init__(self, code: str, status: grpc.StatusCode, meaning: str) -> None:

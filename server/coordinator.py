@@ -234,6 +234,7 @@ class Coordinator:
             ),
             compression=config.compression,
             upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
+            regions=frozenset(config.server.regions),
         )
 
     # ------------------------------------------------------------ set-up

@@ -212,6 +212,11 @@ class ServerConfig(Section):
         description="Memory for staging uploads until they are complete and checked, shared "
         "by all clients; beyond it uploads are staged in temporary files.",
     )
+    regions: list[str] = Field(
+        default_factory=list,
+        description="The regions this run serves; a client or relay that joins naming "
+        "another region is refused with an error that lists them. [] = any region.",
+    )
 
     @property
     def host(self) -> str:
@@ -222,6 +227,37 @@ class ServerConfig(Section):
     def port(self) -> int:
         """Port part of :attr:`address`."""
         return split_address(self.address)[1]
+
+
+class SimulatedRelays(Section):
+    """How the virtual clock models each region's relay (``simulation.relays``)."""
+
+    rtt_ms: float = Field(
+        default=10.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Round-trip time between a client and its region's relay, ms (the "
+        "clients keep their own access bandwidth; the region's rtt_ms is the relay's to "
+        "the coordinator).",
+    )
+    mbps: float = Field(
+        default=100.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="The relay's bandwidth to the coordinator, each way, Mbit/s.",
+    )
+    local_rounds: int = Field(
+        default=1, ge=1, description="Regional rounds per coordinator task (HierFAVG)."
+    )
+    cohort: int | None = Field(
+        default=None,
+        ge=1,
+        description="Clients per global round over all relays, split among the regions in "
+        "proportion to their clients; null = every client of the region.",
+    )
+    min_clients: int = Field(
+        default=1, ge=1, description="A regional round fails below this many results."
+    )
 
 
 class SimulationConfig(Section):
@@ -240,10 +276,12 @@ class SimulationConfig(Section):
     )
     relays: bool = Field(
         default=False,
-        description="Start one `geofl relay` per region of simulation.regions; each region's "
+        description="One relay per region of simulation.regions (on the wall clock a "
+        "`geofl relay` process, on the virtual clock a simulated one); each region's "
         "clients connect to their relay, which aggregates them and takes part in the run "
         "as one node (hierarchical aggregation).",
     )
+    relay: SimulatedRelays = _section("Simulated relays (virtual clock, relays: true).")
 
     regions: dict[str, RegionModel] = Field(
         default_factory=dict,
@@ -361,11 +399,6 @@ class SimulationConfig(Section):
             raise ValueError(
                 "backend: ray runs virtual clients; set clock: virtual (on the wall clock "
                 "every client is its own process on real gRPC)"
-            )
-        if self.clock == "virtual" and self.relays:
-            raise ValueError(
-                "relays: true runs relay processes on the wall clock; the virtual clock does "
-                "not simulate relays yet (use clock: wall)"
             )
         return self
 

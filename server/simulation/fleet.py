@@ -161,6 +161,9 @@ class VirtualFleet:
         self._rng = np.random.default_rng([seed, 0x5EED])
         self._start = clock.monotonic()
         self._identities: dict[int, ClientIdentity] = {}
+        # Clients are named by their index in the whole simulation (their partition);
+        # a fleet may hold any subset of them (a relay's region).
+        self._position = {link.client: position for position, link in enumerate(links)}
         self._held = np.full(len(links), -1, dtype=np.int64)
         self._running: set[asyncio.Task[None]] = set()
         regions = dict.fromkeys(link.region for link in links)
@@ -188,13 +191,14 @@ class VirtualFleet:
     def _present(self, session: NodeSession) -> bool:
         if self._traces is None:
             return True
-        return self._traces[self._identities[session.node_id].index].available_at(self.now())
+        index = self._position[self._identities[session.node_id].index]
+        return self._traces[index].available_at(self.now())
 
     def _online_until(self, index: int) -> float:
         """Simulated time (our base) when client ``index`` goes offline; inf if never."""
         if self._traces is None:
             return math.inf
-        availability = self._traces[index].availability
+        availability = self._traces[self._position[index]].availability
         return math.inf if availability is None else availability.available_until(self.now())
 
     # ------------------------------------------------------------ tasks
@@ -225,11 +229,12 @@ class VirtualFleet:
             task.settle(outcome)
 
     async def _attempt(self, who: ClientIdentity, task: TaskRecord) -> Outcome | None:
-        link = self._links[who.index]
+        position = self._position[who.index]
+        link = self._links[position]
         offline_at = self._online_until(who.index)
         task.started_at = self._clock.time()
         chain = self._compression.down_chain(who.region)
-        held = int(self._held[who.index])
+        held = int(self._held[position])
         down_bytes, raw_down = await self._download_size(task.model_version, chain, held)
         download_s = link.download_s(down_bytes, link.sample_jitter_s(self._rng))
         if self._clock.time() + download_s > task.deadline:
@@ -245,7 +250,7 @@ class VirtualFleet:
             if dropped is not None:
                 return dropped
             task.bytes_down, task.bytes_down_raw = down_bytes, raw_down
-            self._held[who.index] = task.model_version
+            self._held[self._position[who.index]] = task.model_version
             task.mark_downloaded()
             result = await real_work(result_future)
         finally:

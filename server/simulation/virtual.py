@@ -3,7 +3,8 @@
 The coordinator, round engine, strategy, recorder and model store are the ones a
 deployment runs; only the clock (a :class:`~geofl.server.clock.LoopClock` over a
 :class:`~geofl.server.simulation.virtual_loop.VirtualTimeLoop`) and the clients
-(:class:`~geofl.server.simulation.fleet.VirtualFleet`, whose jobs run in a backend) are
+(:class:`~geofl.server.simulation.fleet.VirtualFleet`, whose jobs run in a backend; with
+``simulation.relays`` behind :class:`~geofl.server.simulation.relays.VirtualRelays`) are
 simulated. No port is opened. The run is recorded with ``simulated_clock`` set, and every
 timestamp and duration in it is simulated.
 """
@@ -28,6 +29,7 @@ from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel
 from geofl.server.simulation.partition import prepare_partitions
+from geofl.server.simulation.relays import VirtualRelays
 from geofl.server.simulation.traces import ClientTrace, TraceSet
 from geofl.server.simulation.virtual_loop import run_virtual
 from geofl.server.simulation.workers import WorkerSetup
@@ -114,18 +116,32 @@ async def simulate_virtual(
     backend = make_backend(simulation.backend, setup, default_workers(config))
     try:
         await backend.start()
-        fleet = VirtualFleet(
-            registry=coordinator.registry,
-            models=coordinator.models,
-            backend=backend,
-            clock=clock,
-            links=links,
-            traces=per_client,
-            compression=config.compression,
-            spec=spec_of(coordinator.weights),
-            run_id=coordinator.run_id,
-            seed=config.run.seed,
-        )
+        fleet: VirtualFleet | VirtualRelays
+        if simulation.relays:
+            fleet = VirtualRelays(
+                config=config,
+                registry=coordinator.registry,
+                models=coordinator.models,
+                backend=backend,
+                clock=clock,
+                links=links,
+                traces=per_client,
+                spec=spec_of(coordinator.weights),
+                run_id=coordinator.run_id,
+            )
+        else:
+            fleet = VirtualFleet(
+                registry=coordinator.registry,
+                models=coordinator.models,
+                backend=backend,
+                clock=clock,
+                links=links,
+                traces=per_client,
+                compression=config.compression,
+                spec=spec_of(coordinator.weights),
+                run_id=coordinator.run_id,
+                seed=config.run.seed,
+            )
         fleet.join(coordinator.join_nodes)
         on_start(coordinator, links)
         try:

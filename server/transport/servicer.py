@@ -72,6 +72,8 @@ class ServerState:
     upload_budget: MemoryBudget = field(default_factory=MemoryBudget)
     #: Largest reply to a message task (its arrays), bytes.
     max_message_bytes: int = 8 << 30
+    #: Regions a node may name when it joins (empty: any).
+    regions: frozenset[str] = frozenset()
 
 
 class _AbortError(Exception):
@@ -148,6 +150,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("JoinRequest.node_name is empty")
         config = serde.scalar_map(request.node_config)
         region = request.region or None
+        if self._s.regions and region is not None and region not in self._s.regions:
+            role = "relay" if config.get("relay") is True else "node"
+            raise GeoflError(
+                f"{role} {request.node_name!r} names region {region!r}, which this run does "
+                f"not serve; its regions are {sorted(self._s.regions)} (server.regions)",
+                code=ErrorCode.UNKNOWN_REGION,
+            )
         node_id = self._s.join_node(request.node_name, region, config)
         token = self._s.registry.add(node_id, request.node_name, region, config)
         log.info("node %s (%s) joined as %d", request.node_name, region or "-", node_id)

@@ -90,11 +90,7 @@ def test_a_full_simulation_section_loads(tmp_path: Path) -> None:
             "region names must be",
         ),
         ("simulation: {backend: ray}", "backend: ray runs virtual clients; set clock: virtual"),
-        (
-            "simulation: {clock: virtual, relays: true, regions: "
-            "{a: {share: 1, rtt_ms: 1, up_mbps: 1, down_mbps: 1}}}",
-            "the virtual clock does not simulate relays yet",
-        ),
+        ("simulation: {relay: {cohort: 0}}", "simulation.relay.cohort"),
         ("simulation: {workers: -1}", "simulation.workers"),
         ("simulation: {target_accuracy: 1.5}", "simulation.target_accuracy"),
         ("simulation: {clock: sundial}", "simulation.clock"),
