@@ -97,7 +97,8 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
     # The workload is the same in every configuration; only their own sections differ.
     assert config.simulation.clock == "virtual" and config.simulation.clients == 100
     assert set(config.simulation.regions) == {"near", "mid", "far"}
-    assert config.strategy.clients_per_round == 20 and config.run.seed == spec.seed
+    per_round = 3 if name == "relays" else 20  # with relays the coordinator's nodes are relays
+    assert config.strategy.clients_per_round == per_round and config.run.seed == spec.seed
     assert config.evaluation.server is not None and config.evaluation_clients == 0
     schedule = config.schedule
     modes = {"fedbuff": "async"} | dict.fromkeys(
@@ -111,6 +112,7 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
     deadlines = {
         "deadline": 4.0,
         "adaptive": 4.0,
+        "relays": 4.0,
         "diloco-deadline": 5.0,
         "diloco-partial-deadline": 5.0,
     }
@@ -122,11 +124,18 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
         assert schedule.fedbuff.updates == 160 and schedule.fedbuff.buffer_size == 10
 
 
-def test_unavailable_rows_give_the_configuration_models_reasons() -> None:
-    relays = wan.scenario("relays").unavailable
-    assert relays is not None
-    assert "virtual clock does not simulate relays" in relays(wan.WanSpec())
-    assert wan.scenario("diloco-partial").unavailable is None
+def test_the_relays_row_makes_the_relays_the_coordinators_nodes(tmp_path: Path) -> None:
+    spec = wan.WanSpec()
+    sections = wan.scenario("relays").sections
+    assert sections is not None
+    config = parse_config(
+        wan.geofl_config(spec, sections(spec, wan.Deadlines(4.0, 5.0)), tmp_path, tmp_path / "p"),
+        "test",
+    )
+    assert config.simulation.relays and config.simulation.relay.cohort == spec.per_round
+    assert config.strategy.clients_per_round == len(wan.REGIONS) == 3
+    assert config.schedule.selection.policy == "deadline" and config.schedule.deadline_s == 4.0
+    assert all(s.system != "unavailable" for s in wan.SCENARIOS)
 
 
 def test_predicted_rounds_charge_epochs_over_shares_or_fixed_steps() -> None:
