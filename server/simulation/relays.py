@@ -233,7 +233,7 @@ class VirtualRelays:
 
     def _take(self, session: NodeSession, task: TaskRecord) -> None:
         region = self._regions[session.node_id]
-        if task.kind != "fit":
+        if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"simulated relays cannot run {task.kind} tasks"))
             return
         work = asyncio.ensure_future(self._serve(region, task))
@@ -252,7 +252,10 @@ class VirtualRelays:
 
     async def _serve(self, region: _Region, task: TaskRecord) -> None:
         try:
-            outcome = await self._fit(region, task)
+            if task.kind == "fit":
+                outcome = await self._fit(region, task)
+            else:
+                outcome = await self._evaluate(region, task)
         except asyncio.CancelledError:
             raise
         except (RegionalError, NoClientsError) as exc:
@@ -315,6 +318,42 @@ class VirtualRelays:
             bytes_up_raw=nbytes,
         )
 
+    async def _evaluate(self, region: _Region, task: TaskRecord) -> Outcome:
+        """The region's clients evaluate the global model; weighted means over them."""
+        task.started_at = self._clock.time()
+        weights = await self._download(region, task)
+        version = region.versions.base(task.model_version)
+        deadline_s, wait_s = regional_budget(
+            task.deadline - self._clock.time(), 0.0, self._config.schedule, 1
+        )
+        settings = self._engine_settings(
+            region, version, deadline_s, wait_s, task.config, evaluate=True
+        )
+        engine = RoundEngine(
+            settings,
+            region.registry,
+            FedAvg(),
+            region.models,
+            MemoryRecorder(),
+            start_round=version + 1,
+            global_weights=weights,
+            clock=self._clock,
+        )
+        try:
+            record = await engine.evaluate_only(version)
+        finally:
+            region.models.drop(version)
+        done = [o for t, o in record.outcomes if t.kind == "evaluate" and o.status == "ok"]
+        if not done or record.eval_loss is None:
+            reasons = "; ".join(sorted({o.reason or o.status for _, o in record.outcomes}))
+            raise RegionalError(f"no local client evaluated: {reasons or 'none selected'}")
+        return Outcome(
+            "ok",
+            num_examples=sum(o.num_examples for o in done),
+            loss=record.eval_loss,
+            metrics={**record.eval_metrics, "relay_clients": len(done)},
+        )
+
     async def _download(self, region: _Region, task: TaskRecord) -> Weights:
         chain = self._config.compression.down_chain(region.name)
         held = region.held
@@ -341,6 +380,8 @@ class VirtualRelays:
         deadline_s: float,
         wait_s: float,
         config: dict[str, Scalar],
+        *,
+        evaluate: bool = False,
     ) -> EngineSettings:
         round_config = dict(config)
         if "server_round" in round_config:
@@ -353,7 +394,7 @@ class VirtualRelays:
             deadline_s=deadline_s,
             wait_for_clients_s=wait_s,
             round_config=round_config,
-            evaluate_every=0,
+            evaluate_every=1 if evaluate else 0,
             evaluate_clients=region.cohort,
             evaluate_config=round_config,
             seed=self._config.run.seed,

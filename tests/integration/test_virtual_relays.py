@@ -390,3 +390,23 @@ def test_a_node_of_a_region_the_run_does_not_serve_is_refused(tmp_path: Path, se
             assert list(session.scalars(select(Node.name))) == ["node-0"]
     finally:
         db.close()
+
+
+def test_relays_pass_evaluation_on_to_their_clients(tmp_path: Path) -> None:
+    """Federated evaluation through relays: each relay reports its clients' weighted mean."""
+    config = _relayed(
+        tmp_path,
+        evaluation={"every": 1, "clients": 2, "server": "geofl_testapp:server_evaluate"},
+    )
+    assert run_virtual_simulation(config).result.status == "completed"
+    counts = _links(config).region_counts()
+    evaluations = {node.name: p for p, node in _rows(config)[2] if p.kind == "evaluate"}
+    assert set(evaluations) == {"relay-near", "relay-far"}
+    for name, participation in evaluations.items():
+        assert participation.status == "ok"
+        region = name.removeprefix("relay-")
+        # virtual_app evaluates to loss mean(|b|) on 1 example per client: after one round
+        # of flat FedAvg b = 4.5 everywhere, the same for every client.
+        assert participation.num_examples == counts[region]
+        assert participation.loss == pytest.approx(4.5)
+        assert participation.metrics["relay_clients"] == counts[region]
