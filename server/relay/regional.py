@@ -41,6 +41,7 @@ from geofl.server.relay.rounds import (
     UpstreamTask,
     VersionPlan,
     local_budget,
+    regional_round_config,
 )
 from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import FedAvg
@@ -193,7 +194,7 @@ class RegionalServer:
         rounds = self._config.relay.local_rounds
         budget = local_budget(_remaining(task), self._config.schedule, rounds)
         recorder = MemoryRecorder()
-        settings = self._settings(last, budget, self._round_config(config), evaluate=False)
+        settings = self._settings(last, budget, regional_round_config(config), evaluate=False)
         engine = self._engine(weights, task, settings, recorder, first)
         try:
             await engine.run()
@@ -211,7 +212,7 @@ class RegionalServer:
     ) -> RegionalEvaluation:
         version = self._versions.base(task.model_version)
         budget = local_budget(_remaining(task), self._config.schedule, 1)
-        settings = self._settings(version, budget, self._round_config(config), evaluate=True)
+        settings = self._settings(version, budget, regional_round_config(config), evaluate=True)
         engine = self._engine(weights, task, settings, MemoryRecorder(), version + 1)
         try:
             record = await engine.evaluate_only(version)
@@ -229,17 +230,6 @@ class RegionalServer:
 
     def _too_few(self, error: NoClientsError) -> RegionalError:
         return RegionalError(f"region {self._region} has too few local clients (regional {error})")
-
-    def _round_config(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        """The coordinator's config; its round travels on as ``global_round``.
-
-        The engine sets ``server_round`` to the local round's number, which only increases
-        (see :class:`~geofl.server.relay.rounds.VersionPlan`).
-        """
-        round_config = dict(config)
-        if "server_round" in round_config:
-            round_config["global_round"] = round_config["server_round"]
-        return round_config
 
     def _settings(
         self,

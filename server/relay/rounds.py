@@ -11,9 +11,10 @@ download) with the fit that starts from ``g``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from geofl.protocols.types import Metrics, Weights, WeightsView
+from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.config import ScheduleConfig
 from geofl.server.engine import Recorder, RoundRecord
 
@@ -27,6 +28,7 @@ __all__ = [
     "UpstreamTask",
     "VersionPlan",
     "local_budget",
+    "regional_round_config",
 ]
 
 #: Share of the time left before the coordinator's deadline kept for the relay's upload.
@@ -92,6 +94,18 @@ class VersionPlan:
         base = self.base(global_version)
         self._pending, self._last = None, base + self._rounds
         return base + 1, base + self._rounds
+
+
+def regional_round_config(config: Mapping[str, Scalar]) -> dict[str, Scalar]:
+    """The coordinator's round config for regional rounds; its round goes on as ``global_round``.
+
+    The regional engine sets ``server_round`` to the local round's number, which only
+    increases (see :class:`VersionPlan`).
+    """
+    round_config = dict(config)
+    if "server_round" in round_config:
+        round_config["global_round"] = round_config["server_round"]
+    return round_config
 
 
 def local_budget(

@@ -40,7 +40,12 @@ from geofl.server.config import CompressionConfig, RunConfig, ScheduleConfig
 from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine
 from geofl.server.model_store import ModelStore
 from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
-from geofl.server.relay.rounds import MemoryRecorder, RegionalError, VersionPlan
+from geofl.server.relay.rounds import (
+    MemoryRecorder,
+    RegionalError,
+    VersionPlan,
+    regional_round_config,
+)
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, VirtualUpdate
@@ -383,9 +388,7 @@ class VirtualRelays:
         *,
         evaluate: bool = False,
     ) -> EngineSettings:
-        round_config = dict(config)
-        if "server_round" in round_config:
-            round_config["global_round"] = round_config["server_round"]
+        round_config = regional_round_config(config)
         return EngineSettings(
             rounds=last,
             clients_per_round=region.cohort,

@@ -346,16 +346,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("a fit result must report num_examples > 0")
         if task.secagg is not None:
             return await self._receive_masked(task.secagg, header, messages)
-        if header.update_kind != pb.UPDATE_KIND_DELTA:
-            raise ProtocolError("a fit result must carry a DELTA update")
-        size = model_bytes(self._s.spec)
-        announced = int(header.payload_bytes) or size
-        if announced > 2 * size + _PAYLOAD_SLACK:
-            raise TensorError(f"an upload of {announced} bytes for a {size}-byte model")
-        sink = SpoolSink(self._s.upload_budget, announced)
-        assembler = streams.Assembler(
-            sink, self._s.spec, max_total_bytes=announced, check_finite=True
-        )
+        sink, assembler = self._delta_receiver(header, self._s.spec)
         try:
             received = await _drain(assembler, messages)
         except BaseException:
@@ -372,13 +363,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
         )
 
-    async def _receive_overlapped(
-        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
-    ) -> Outcome:
-        """A partial-sync upload: layer groups streamed during training, then a trailer."""
-        groups = partial_sync.groups_of(task.config, [t.name for t in self._s.spec])
-        if task.kind != "fit" or groups is None or task.secagg is not None:
-            raise ProtocolError("trailer_follows is only for fit tasks of a partial-sync round")
+    def _delta_receiver(
+        self, header: pb.UploadHeader, expected: ModelSpec
+    ) -> tuple[SpoolSink, streams.Assembler]:
+        """Where a fit's DELTA update streams to, with its announced size checked."""
         if header.update_kind != pb.UPDATE_KIND_DELTA:
             raise ProtocolError("a fit result must carry a DELTA update")
         size = model_bytes(self._s.spec)
@@ -386,12 +374,18 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if announced > 2 * size + _PAYLOAD_SLACK:
             raise TensorError(f"an upload of {announced} bytes for a {size}-byte model")
         sink = SpoolSink(self._s.upload_budget, announced)
-        assembler = streams.Assembler(
-            sink,
-            partial_sync.upload_order(self._s.spec, groups),
-            max_total_bytes=announced,
-            check_finite=True,
-        )
+        assembler = streams.Assembler(sink, expected, max_total_bytes=announced, check_finite=True)
+        return sink, assembler
+
+    async def _receive_overlapped(
+        self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
+    ) -> Outcome:
+        """A partial-sync upload: layer groups streamed during training, then a trailer."""
+        groups = partial_sync.groups_of(task.config, [t.name for t in self._s.spec])
+        if task.kind != "fit" or groups is None or task.secagg is not None:
+            raise ProtocolError("trailer_follows is only for fit tasks of a partial-sync round")
+        order = partial_sync.upload_order(self._s.spec, groups)
+        sink, assembler = self._delta_receiver(header, order)
         try:
             received, trailer = await _drain_until_trailer(assembler, messages)
             outcome = _trailer_outcome(trailer)
