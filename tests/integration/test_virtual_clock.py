@@ -136,7 +136,8 @@ def test_stragglers_miss_the_deadline_in_simulated_time(tmp_path: Path) -> None:
     statuses = {(n.region, p.status) for p, n in pairs if p.kind == "fit"}
     assert statuses == {("near", "ok"), ("far", "late")}
     assert all(r.status == "committed" for r in rounds)
-    assert [r.duration_s for r in rounds] == pytest.approx([0.15, 0.15], abs=1e-6)
+    # Stored to the microsecond: the round's start and end each round once (< 2 us).
+    assert [r.duration_s for r in rounds] == pytest.approx([0.15, 0.15], abs=2e-6)
 
 
 def test_failures_and_nan_updates_are_recorded_not_applied(tmp_path: Path) -> None:
