@@ -234,6 +234,8 @@ class VirtualRelays:
         for region, (name, _), node_id in zip(self._pending, names, join_nodes(names), strict=True):
             self._registry.add(node_id, name, region.name, {"relay": True})
             self._regions[node_id] = region
+        # Simulated relays never drop out (they send no heartbeats to keep them alive).
+        self._registry.presence = lambda session: True
         self._registry.on_assign = self._take
 
     def _take(self, session: NodeSession, task: TaskRecord) -> None:

@@ -410,3 +410,16 @@ def test_relays_pass_evaluation_on_to_their_clients(tmp_path: Path) -> None:
         assert participation.num_examples == counts[region]
         assert participation.loss == pytest.approx(4.5)
         assert participation.metrics["relay_clients"] == counts[region]
+
+
+def test_relays_stay_online_for_longer_than_the_heartbeat_patience(tmp_path: Path) -> None:
+    """Simulated relays send no heartbeats: the reaper must not take them offline."""
+    config = _relayed(
+        tmp_path,
+        run={"name": "itest", "rounds": 4, "seed": 1},
+        server={"heartbeat_interval_s": 0.1},
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.simulated_s > 10 * 0.1  # far past three missed heartbeats
+    assert outcome.result.status == "completed"
+    assert [r.status for r in _rows(config)[1]] == ["committed"] * 4
