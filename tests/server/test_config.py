@@ -123,6 +123,7 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "chunk_bytes": 1024 * 1024,
         "max_model_bytes": 8 * 1024**3,
         "upload_buffer_bytes": 256 * 1024**2,
+        "regions": [],
     }
     simulation = cfg.simulation.model_dump()
     assert {k: simulation[k] for k in ("clients", "app", "node_config", "relays")} == {
