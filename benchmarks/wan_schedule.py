@@ -376,6 +376,12 @@ def _diloco_deadline(spec: WanSpec, deadlines: Deadlines) -> dict[str, Any]:
     return deep_merge(_diloco(spec, deadlines), {"schedule": selection})
 
 
+def _diloco_deadline_utility(spec: WanSpec, deadlines: Deadlines) -> dict[str, Any]:
+    """DiLoCo + deadline-aware selection that samples eligible clients Oort-style."""
+    utility = {"schedule": {"selection": {"utility": True}}}
+    return deep_merge(_diloco_deadline(spec, deadlines), utility)
+
+
 def _partial(spec: WanSpec) -> dict[str, Any]:
     partial = {"sync_points": spec.sync_points, "tail_steps": spec.tail_steps}
     return {"schedule": {"partial_sync": partial}}
@@ -399,6 +405,12 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("diloco", "geofl DiLoCo (full sync)", "geofl", _diloco),
     Scenario(
         "diloco-deadline", "geofl DiLoCo + deadline-aware selection", "geofl", _diloco_deadline
+    ),
+    Scenario(
+        "diloco-deadline-utility",
+        "geofl DiLoCo + deadline-aware selection, utility-aware (Oort)",
+        "geofl",
+        _diloco_deadline_utility,
     ),
     Scenario("diloco-partial", "geofl DiLoCo, partial sync", "geofl", _diloco_partial),
     Scenario(

@@ -102,7 +102,14 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
     assert config.evaluation.server is not None and config.evaluation_clients == 0
     schedule = config.schedule
     modes = {"fedbuff": "async"} | dict.fromkeys(
-        ("diloco", "diloco-deadline", "diloco-partial", "diloco-partial-deadline"), "diloco"
+        (
+            "diloco",
+            "diloco-deadline",
+            "diloco-deadline-utility",
+            "diloco-partial",
+            "diloco-partial-deadline",
+        ),
+        "diloco",
     )
     assert schedule.mode == modes.get(name, "sync")
     assert schedule.partial_sync.enabled is name.startswith("diloco-partial")
@@ -114,11 +121,13 @@ def test_every_geofl_configuration_is_a_valid_run_file(name: str, tmp_path: Path
         "adaptive": 4.0,
         "relays": 4.0,
         "diloco-deadline": 5.0,
+        "diloco-deadline-utility": 5.0,
         "diloco-partial-deadline": 5.0,
     }
     assert (schedule.selection.policy == "deadline") is (name in deadlines)
     assert schedule.deadline_s == deadlines.get(name, wan.NO_DEADLINE_S)
     assert config.compression.adaptive is (name == "adaptive")
+    assert schedule.selection.utility is (name == "diloco-deadline-utility")
     if name == "fedbuff":
         # As many client updates as the synchronous runs apply: 80 rounds x 20 / K.
         assert schedule.fedbuff.updates == 160 and schedule.fedbuff.buffer_size == 10
