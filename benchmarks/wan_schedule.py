@@ -638,6 +638,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-s", type=float, default=None, help="default: computed")
     parser.add_argument("--deadline-quantile", type=float, default=defaults.deadline_quantile)
     parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--diloco-steps", type=int, default=defaults.diloco_steps)
     parser.add_argument("--sync-points", type=int, default=defaults.sync_points)
     parser.add_argument("--tail-steps", type=int, default=0, help="0: automatic")
     parser.add_argument("--max-train-samples", type=int, default=0, help="0: whole shares")
@@ -677,6 +678,7 @@ def _spec(args: argparse.Namespace) -> WanSpec:
         deadline_s=args.deadline_s,
         deadline_quantile=args.deadline_quantile,
         workers=args.workers,
+        diloco_steps=args.diloco_steps,
         sync_points=args.sync_points,
         tail_steps=args.tail_steps or None,
         max_train_samples=args.max_train_samples,
