@@ -30,7 +30,14 @@ from typing import Any, Protocol
 
 from geofl.protocols.errors import GeoflError
 from geofl.protocols.types import Weights
-from geofl.server.simulation.workers import ClientWorker, Job, JobResult, ModelKey, WorkerSetup
+from geofl.server.simulation.workers import (
+    ClientWorker,
+    Job,
+    JobResult,
+    ModelKey,
+    WorkerSetup,
+    superseded,
+)
 
 __all__ = [
     "Backend",
@@ -203,8 +210,7 @@ class _ProcessRunner:
 
     def add_model(self, key: ModelKey, weights: Weights) -> None:
         self._conn.send(("model", key, dict(weights)))
-        newest = max([key[0], *(k[0] for k in self._models)])
-        self._models = {k for k in self._models if k[0] >= newest - 1} | {key}
+        self._models = (self._models - set(superseded(self._models, key))) | {key}
 
     def run(self, job: Job) -> JobResult:
         self._conn.send(("job", job))

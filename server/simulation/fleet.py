@@ -148,7 +148,9 @@ class VirtualFleet:
         spec: ModelSpec,
         run_id: int,
         seed: int,
+        name: str = "",
     ) -> None:
+        self._name = name  # keeps this fleet's model versions apart in a shared backend
         self._registry = registry
         self._models = models
         self._backend = backend
@@ -308,7 +310,7 @@ class VirtualFleet:
         return Job(
             who,
             "fit" if task.kind == "fit" else "evaluate",
-            (task.model_version, chain),
+            (self._name, task.model_version, chain),
             config,
             plan,
             self._run_id,

@@ -45,7 +45,14 @@ from typing import TYPE_CHECKING, Any
 from geofl.protocols.types import Weights
 from geofl.server.simulation.backends import Backend, BackendError
 from geofl.server.simulation.virtual_loop import real_work
-from geofl.server.simulation.workers import ClientWorker, Job, JobResult, ModelKey, WorkerSetup
+from geofl.server.simulation.workers import (
+    ClientWorker,
+    Job,
+    JobResult,
+    ModelKey,
+    WorkerSetup,
+    superseded,
+)
 
 if TYPE_CHECKING:
     from ray import ObjectRef
@@ -266,15 +273,14 @@ class RayBackend(Backend):
     def _model_ref(self, ray: ModuleType, key: ModelKey, weights: Weights) -> ObjectRef[Weights]:
         """The object-store copy of a model version, put there on first use.
 
-        Versions two behind the newest are forgotten (as workers do); jobs still holding
-        their reference keep the object alive.
+        A fleet's versions two behind its newest are forgotten (as workers do); jobs still
+        holding their reference keep the object alive.
         """
         ref = self._models.get(key)
         if ref is None:
             ref = ray.put(dict(weights))
             self._models[key] = ref
-            newest = max(version for version, _ in self._models)
-            for old in [k for k in self._models if k[0] < newest - 1]:
+            for old in superseded(self._models, key):
                 del self._models[old]
         return ref
 

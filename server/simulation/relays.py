@@ -196,6 +196,7 @@ class VirtualRelays:
             spec=self._spec,
             run_id=run_id,
             seed=self._config.run.seed,
+            name=f"relay-{name}",
         )
         fleet.join(lambda names: [link.client + 1 for link in members])
         counts = {region: 0 for region in simulation.regions}

@@ -18,7 +18,7 @@ import os
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -44,11 +44,13 @@ __all__ = [
     "ModelKey",
     "UploadedTensor",
     "WorkerSetup",
+    "superseded",
     "trained_samples",
 ]
 
-#: A model version as one downlink track sees it: (version, codec chain).
-ModelKey = tuple[int, Chain]
+#: A model version as one downlink track sees it: (fleet, version, codec chain). Fleets
+#: sharing a backend (the regions behind simulated relays) number versions separately.
+ModelKey = tuple[str, int, Chain]
 #: Client objects a worker keeps built (each holds its data set and a model).
 DEFAULT_CLIENT_CACHE = 64
 
@@ -141,10 +143,9 @@ class ClientWorker:
         return key in self._models
 
     def add_model(self, key: ModelKey, weights: Weights) -> None:
-        """Cache a model version; versions two behind the newest are dropped."""
+        """Cache a model version; its fleet's versions two behind the newest are dropped."""
         self._models[key] = weights
-        newest = max(version for version, _ in self._models)
-        for old in [k for k in self._models if k[0] < newest - 1]:
+        for old in superseded(self._models, key):
             del self._models[old]
 
     # ------------------------------------------------------------ jobs
@@ -262,6 +263,18 @@ class ClientWorker:
             )
             self._contexts[who.index] = context
         return context
+
+
+def superseded(keys: Iterable[ModelKey], added: ModelKey) -> list[ModelKey]:
+    """Cached versions to forget once ``added`` is cached: its fleet's, two behind the newest.
+
+    Training jobs only ever need the newest version of a fleet or the one before it (a
+    task handed out just before the new version was published).
+    """
+    fleet = added[0]
+    same = [key for key in keys if key[0] == fleet]
+    newest = max([added[1], *(key[1] for key in same)])
+    return [key for key in same if key[1] < newest - 1]
 
 
 def _raw(array: npt.NDArray[np.generic]) -> UploadedTensor:

@@ -423,3 +423,33 @@ def test_relays_stay_online_for_longer_than_the_heartbeat_patience(tmp_path: Pat
     assert outcome.simulated_s > 10 * 0.1  # far past three missed heartbeats
     assert outcome.result.status == "completed"
     assert [r.status for r in _rows(config)[1]] == ["committed"] * 4
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_region_trains_from_its_own_regional_model(tmp_path: Path, workers: int) -> None:
+    """Regions number their local versions alike; a shared backend must not mix them up.
+
+    ``toward_app`` moves every weight half-way to ``1 + partition-id``, so a client that
+    trained from the other region's model would change the result.
+    """
+    config = _relayed(
+        tmp_path,
+        strategy={"name": "fedavg", "clients_per_round": 2, "min_clients": 2},
+        simulation={
+            "app": "geofl_testapp:toward_app",
+            "workers": workers,
+            "relay": {"local_rounds": 3},
+        },
+    )
+    assert run_virtual_simulation(config).result.status == "completed"
+    links = _links(config)
+    regional: dict[str, float] = {}
+    for region in ("near", "far"):
+        targets = [1.0 + link.client for link in links.links if link.region == region]
+        value = 0.0
+        for _ in range(3):  # equal examples: FedAvg is the plain mean of the clients' moves
+            value = float(np.mean([value + (t - value) / 2 for t in targets]))
+        regional[region] = value
+    counts = links.region_counts()
+    expected = sum(regional[r] * counts[r] for r in regional) / sum(counts.values())
+    np.testing.assert_allclose(_checkpoints(config)[1]["b"], expected, rtol=1e-6)

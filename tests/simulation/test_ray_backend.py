@@ -183,7 +183,7 @@ def _setup(app: str = QUICKSTART_APP) -> WorkerSetup:
 
 def _job(client: int, task_id: int, config: dict[str, Scalar] | None = None) -> Job:
     who = ClientIdentity(client, client + 1, f"sim-{client}", None)
-    return Job(who, "fit", (1, ()), dict(config or FIT_CONFIG), None, 1, 1, task_id)
+    return Job(who, "fit", ("", 1, ()), dict(config or FIT_CONFIG), None, 1, 1, task_id)
 
 
 def _record(finished: list[int], task_id: int, _: object) -> None:

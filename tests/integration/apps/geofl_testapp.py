@@ -171,3 +171,25 @@ class StepClient(Client):
 def step_app(context: ClientContext) -> Client:
     node = context.node_config
     return StepClient(1.0 + float(node.get("partition-id", 0)), str(node.get("behaviour", "ok")))
+
+
+class TowardClient(Client):
+    """Moves every float tensor half-way to ``1 + partition-id``: the update depends on
+    the model trained from, so training from the wrong model version is visible."""
+
+    def __init__(self, target: float) -> None:
+        self.target = target
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        out = {
+            k: v + (self.target - v) / 2 if v.dtype.kind == "f" else v
+            for k, v in parameters.items()
+        }
+        return out, 100, {"train_loss": self.target}
+
+    def evaluate(self, parameters: Weights, config: Config) -> tuple[float, int, Metrics]:
+        return float(parameters["b"].mean()), 1, {}
+
+
+def toward_app(context: ClientContext) -> Client:
+    return TowardClient(1.0 + float(context.node_config.get("partition-id", 0)))
