@@ -43,6 +43,7 @@ from geofl.server.relay.rounds import (
     local_budget,
     regional_round_config,
 )
+from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import FedAvg
 from geofl.server.transport import ServerState
@@ -68,6 +69,8 @@ class RegionalServer:
             target=self._loop.run_forever, name="geofl-relay-loop", daemon=True
         )
         self._versions = VersionPlan(config.relay.local_rounds)
+        # Measurements of the region's clients outlive each task's engine.
+        self._scheduler: Scheduler | None = None
         self._node_ids: dict[str, int] = {}
         self._server: grpc.aio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
@@ -289,7 +292,26 @@ class RegionalServer:
             global_weights=weights,
             on_round_end=self._log_round,
             secure=secure,
+            scheduler=self._regional_scheduler(settings, size),
         )
+
+    def _regional_scheduler(self, settings: EngineSettings, size: int) -> Scheduler:
+        """The run's selection policy over this region's clients, under this task's deadline.
+
+        Deadline-aware selection then works from the relay's own measurements of its
+        clients (kept across tasks), as the coordinator's does for its nodes.
+        """
+        scheduler_settings = SchedulerSettings(
+            selection=self._config.schedule.selection,
+            deadline_s=settings.deadline_s,
+            over_select=settings.over_select,
+            model_bytes=size,
+            min_clients=settings.min_clients,
+        )
+        if self._scheduler is None:
+            self._scheduler = Scheduler(scheduler_settings)
+        self._scheduler.settings = scheduler_settings
+        return self._scheduler
 
     def _log_round(self, record: RoundRecord, status: str) -> None:
         ok = sum(1 for task, o in record.outcomes if task.kind == "fit" and o.status == "ok")

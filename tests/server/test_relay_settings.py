@@ -169,3 +169,37 @@ def test_the_result_counts_each_contributing_client_once() -> None:
     empty.round_failed(RoundRecord(5), "1 of 2 clients succeeded")
     with pytest.raises(RegionalError, match="local round 5: 1 of 2 clients succeeded"):
         empty.result()
+
+
+def test_a_relay_selects_its_clients_with_the_runs_policy_and_keeps_its_measurements() -> None:
+    from dataclasses import replace
+
+    from geofl.server.engine import EngineSettings
+    from geofl.server.relay import RegionalServer
+
+    config = load_relay_config(
+        flags=[*REQUIRED, flag_override("--set", "schedule.selection.policy", "deadline")]
+    )
+    regional = RegionalServer(config)
+    settings = EngineSettings(
+        rounds=2,
+        clients_per_round=5,
+        min_clients=2,
+        over_select=1.0,
+        deadline_s=7.5,
+        wait_for_clients_s=10.0,
+        round_config={},
+        evaluate_every=0,
+        evaluate_clients=5,
+        evaluate_config={},
+        seed=0,
+    )
+    try:
+        first = regional._regional_scheduler(settings, 1000)
+        assert first.settings.selection.policy == "deadline"
+        assert (first.settings.deadline_s, first.settings.min_clients) == (7.5, 2)
+        # The next task's deadline applies to the same scheduler (its measurements stay).
+        second = regional._regional_scheduler(replace(settings, deadline_s=3.0), 1000)
+        assert second is first and second.settings.deadline_s == 3.0
+    finally:
+        regional.stop(run_over=False)
