@@ -639,6 +639,8 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--deadline-quantile", type=float, default=defaults.deadline_quantile)
     parser.add_argument("--workers", type=int, default=defaults.workers)
     parser.add_argument("--diloco-steps", type=int, default=defaults.diloco_steps)
+    parser.add_argument("--outer-lr", type=float, default=defaults.outer_lr)
+    parser.add_argument("--outer-momentum", type=float, default=defaults.outer_momentum)
     parser.add_argument("--sync-points", type=int, default=defaults.sync_points)
     parser.add_argument("--tail-steps", type=int, default=0, help="0: automatic")
     parser.add_argument("--max-train-samples", type=int, default=0, help="0: whole shares")
@@ -679,6 +681,8 @@ def _spec(args: argparse.Namespace) -> WanSpec:
         deadline_quantile=args.deadline_quantile,
         workers=args.workers,
         diloco_steps=args.diloco_steps,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
         sync_points=args.sync_points,
         tail_steps=args.tail_steps or None,
         max_train_samples=args.max_train_samples,
