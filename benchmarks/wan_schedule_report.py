@@ -143,17 +143,18 @@ def plot(report: Mapping[str, Any], png: Path) -> None:
 
     spec, target = report["spec"], report["spec"]["target"]
     fig, (whole, zoom) = plt.subplots(1, 2, figsize=(13, 5.2))
-    for record in report["scenarios"]:
-        if record.get("curve") is None:
-            continue
+    # More rows than the default cycle's ten colours: tab20 keeps every line distinct.
+    colours = plt.get_cmap("tab20")
+    for index, record in enumerate(r for r in report["scenarios"] if r.get("curve")):
         curve = Curve.from_dict(record["curve"])
         times, accuracy = curve.points(report["setup"]["initial_accuracy"])
         style = "--" if record["system"] == "flower" else "-"
+        colour = colours((2 * index) % 20 + (2 * index) // 20)  # dark shades, then light
         for ax in (whole, zoom):
-            (line,) = ax.plot(times, accuracy, style, label=record["label"], linewidth=1.2)
+            ax.plot(times, accuracy, style, color=colour, label=record["label"], linewidth=1.2)
         hit = curve.first_at_least(target)
         if hit is not None:
-            zoom.plot(curve.times[hit], curve.accuracy[hit], "o", color=line.get_color())
+            zoom.plot(curve.times[hit], curve.accuracy[hit], "o", color=colour)
     limit = max(
         (
             row["time_to_target_s"]
