@@ -54,13 +54,12 @@ from geofl.protocols.secagg import SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.clock import Clock
 from geofl.server.config import ScheduleConfig
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
 from geofl.server.engine import (
     NoClientsError,
     Phase,
-    Recorder,
+    PhaseClock,
     RoundEngine,
     RoundFailedError,
     RoundRecord,
@@ -149,33 +148,6 @@ class _GroupSum:
     weight: float
 
 
-class _Phases:
-    """Times the phases of one version's round (they need not follow the sync order)."""
-
-    def __init__(self, record: RoundRecord, recorder: Recorder, clock: Clock) -> None:
-        self._record = record
-        self._recorder = recorder
-        self._clock = clock
-        self._phase: Phase | None = None
-        self._since = clock.monotonic()
-
-    def enter(self, phase: Phase) -> None:
-        elapsed = self.stop()
-        self._phase = phase
-        self._recorder.phase(self._record.number, phase, elapsed)
-
-    def stop(self) -> float | None:
-        """Close the current phase's timer; its seconds, if a phase was open."""
-        now = self._clock.monotonic()
-        elapsed = None
-        if self._phase is not None:
-            elapsed = now - self._since
-            durations = self._record.phase_durations
-            durations[self._phase.value] = durations.get(self._phase.value, 0.0) + elapsed
-        self._since = now
-        return elapsed
-
-
 class AsyncEngine(RoundEngine):
     """FedBuff over the registry; see the module docstring.
 
@@ -246,7 +218,7 @@ class AsyncEngine(RoundEngine):
 
     async def _build_version(self, number: int) -> None:
         record = self._record
-        phases = _Phases(record, self._recorder, self._clock)
+        phases = PhaseClock(record, self._recorder, self._clock, ordered=False)
         phases.enter(Phase.FIT)
         try:
             await self._fill_buffer()
@@ -486,20 +458,8 @@ class AsyncEngine(RoundEngine):
         if not scheduled and record.number != self._last:
             return
         if scheduled and self._cfg.evaluate_clients:
-            idle = self._idle()
-            rng = random.Random(self._cfg.seed * 7_919 + record.number)
-            cohort = rng.sample(idle, min(self._cfg.evaluate_clients, len(idle)))
-            config = self._strategy.configure_evaluate(record.number, self._cfg.evaluate_config)
-            tasks = self._dispatch(cohort, "evaluate", record.number, record.number, config)
-            results = await self._collect(record, tasks)
-            record.eval_loss, record.eval_metrics = self._summarise(results)
-        if self._server_evaluate is not None:
-            try:
-                loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
-            except Exception:  # the user's evaluation failed: the model still commits
-                log.exception("server-side evaluation failed for version %d", record.number)
-            else:
-                record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
+            await self._evaluate_on_clients(record, self._idle())
+        await self._evaluate_on_server(record, weights)
 
     # ------------------------------------------------------------ tasks
 

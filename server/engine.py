@@ -227,7 +227,7 @@ class RoundEngine:
         return record
 
     async def _round(self, record: RoundRecord) -> None:
-        clock = _PhaseClock(record, self._recorder, self._clock)
+        clock = PhaseClock(record, self._recorder, self._clock)
         clock.enter(Phase.SELECT)
         cohort = await self._select(record.number)
         fit = self._secure_fit if self._secure is not None else self._plain_fit
@@ -259,7 +259,7 @@ class RoundEngine:
         clock.stop()
 
     async def _plain_fit(
-        self, record: RoundRecord, cohort: list[NodeSession], clock: _PhaseClock
+        self, record: RoundRecord, cohort: list[NodeSession], clock: PhaseClock
     ) -> tuple[list[Outcome], StreamingMean]:
         """Broadcast and fit, folding each update into the running mean as it arrives."""
         clock.enter(Phase.BROADCAST)
@@ -281,7 +281,7 @@ class RoundEngine:
         return await self._collect(record, tasks, on_ok=fold), accumulator
 
     async def _secure_fit(
-        self, record: RoundRecord, cohort: list[NodeSession], clock: _PhaseClock
+        self, record: RoundRecord, cohort: list[NodeSession], clock: PhaseClock
     ) -> tuple[list[Outcome], StreamingMean]:
         """The SecAgg+ stages around the fit: only the survivors' sum is ever unmasked.
 
@@ -348,7 +348,7 @@ class RoundEngine:
         self,
         record: RoundRecord,
         cohort: list[NodeSession],
-        clock: _PhaseClock,
+        clock: PhaseClock,
         server: SecAggServer,
         setup: pb.SecAggSetup,
         inboxes: dict[int, dict[int, bytes]],
@@ -546,20 +546,30 @@ class RoundEngine:
     async def _evaluate(self, record: RoundRecord, weights: WeightsView) -> None:
         every = self._cfg.evaluate_every
         if every and record.number % every == 0 and self._cfg.evaluate_clients:
-            available = self._registry.available()
-            rng = random.Random(self._cfg.seed * 7_919 + record.number)
-            cohort = rng.sample(available, min(self._cfg.evaluate_clients, len(available)))
-            config = self._strategy.configure_evaluate(record.number, self._cfg.evaluate_config)
-            tasks = self._dispatch(cohort, "evaluate", record.number, record.number, config)
-            results = await self._collect(record, tasks)
-            record.eval_loss, record.eval_metrics = self._summarise(results)
-        if self._server_evaluate is not None:
-            try:
-                loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
-            except Exception:  # the user's evaluation failed: the model still commits
-                log.exception("server-side evaluation failed in round %d", record.number)
-            else:
-                record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
+            await self._evaluate_on_clients(record, self._registry.available())
+        await self._evaluate_on_server(record, weights)
+
+    async def _evaluate_on_clients(
+        self, record: RoundRecord, candidates: Sequence[NodeSession]
+    ) -> None:
+        """Federated evaluation by a seeded sample of ``candidates``; weighted means."""
+        rng = random.Random(self._cfg.seed * 7_919 + record.number)
+        cohort = rng.sample(list(candidates), min(self._cfg.evaluate_clients, len(candidates)))
+        config = self._strategy.configure_evaluate(record.number, self._cfg.evaluate_config)
+        tasks = self._dispatch(cohort, "evaluate", record.number, record.number, config)
+        results = await self._collect(record, tasks)
+        record.eval_loss, record.eval_metrics = self._summarise(results)
+
+    async def _evaluate_on_server(self, record: RoundRecord, weights: WeightsView) -> None:
+        """The configured server-side evaluation; a failure is logged, the model commits."""
+        if self._server_evaluate is None:
+            return
+        try:
+            loss, metrics = await asyncio.to_thread(self._server_evaluate, weights)
+        except Exception:  # the user's evaluation failed: the model still commits
+            log.exception("server-side evaluation failed for round %d", record.number)
+        else:
+            record.server_eval_loss, record.server_eval_metrics = float(loss), dict(metrics)
 
     def _summarise(self, results: Sequence[Outcome]) -> tuple[float | None, Metrics]:
         pairs = [(r.num_examples, r.metrics) for r in results]
@@ -570,18 +580,24 @@ class RoundEngine:
         return loss, metrics
 
 
-class _PhaseClock:
-    """Enforces legal transitions and times each phase."""
+class PhaseClock:
+    """Times each phase of a round; with ``ordered``, enforces the legal transitions.
 
-    def __init__(self, record: RoundRecord, recorder: Recorder, clock: Clock) -> None:
+    A buffered asynchronous version's phases need not follow the synchronous order.
+    """
+
+    def __init__(
+        self, record: RoundRecord, recorder: Recorder, clock: Clock, *, ordered: bool = True
+    ) -> None:
         self._record = record
         self._recorder = recorder
         self._clock = clock
+        self._ordered = ordered
         self._phase: Phase | None = None
         self._since = clock.monotonic()
 
     def enter(self, phase: Phase) -> None:
-        if self._phase is not None and phase not in _NEXT[self._phase]:
+        if self._ordered and self._phase is not None and phase not in _NEXT[self._phase]:
             raise RuntimeError(f"illegal round transition {self._phase.value} -> {phase.value}")
         elapsed = self.stop()
         self._phase = phase
