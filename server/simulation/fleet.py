@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -47,7 +48,7 @@ from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.virtual_loop import real_work
 from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, UploadedTensor
 
-__all__ = ["FleetStats", "VirtualFleet", "VirtualUpdate", "plain_link"]
+__all__ = ["FleetStats", "InFlight", "VirtualFleet", "VirtualUpdate", "plain_link"]
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,25 @@ class VirtualUpdate(Mapping[str, npt.NDArray[np.generic]]):
     def close(self) -> None:
         self._tensors.clear()
         self._decoded.clear()
+
+
+class InFlight:
+    """The coroutines serving tasks right now, so a finished run can cancel them."""
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[None]] = set()
+
+    def start(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background until it ends or :meth:`cancel` is called."""
+        task = asyncio.ensure_future(work)
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def cancel(self) -> None:
+        """Cancel everything still running and wait for it to unwind."""
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
 
 
 class UpdateCheckError(ValueError):
@@ -167,7 +187,7 @@ class VirtualFleet:
         # a fleet may hold any subset of them (a relay's region).
         self._position = {link.client: position for position, link in enumerate(links)}
         self._held = np.full(len(links), -1, dtype=np.int64)
-        self._running: set[asyncio.Task[None]] = set()
+        self._in_flight = InFlight()
         regions = dict.fromkeys(link.region for link in links)
         self.stats = FleetStats(dict.fromkeys(regions, 0), dict.fromkeys(regions, 0))
 
@@ -209,15 +229,11 @@ class VirtualFleet:
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"virtual clients cannot run {task.kind} tasks"))
             return
-        work = asyncio.ensure_future(self._serve(self._identities[session.node_id], task))
-        self._running.add(work)
-        work.add_done_callback(self._running.discard)
+        self._in_flight.start(self._serve(self._identities[session.node_id], task))
 
     async def close(self) -> None:
         """Cancel tasks still in flight (the run is over)."""
-        for work in list(self._running):
-            work.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await self._in_flight.cancel()
 
     async def _serve(self, who: ClientIdentity, task: TaskRecord) -> None:
         try:

@@ -48,7 +48,7 @@ from geofl.server.relay.rounds import (
 )
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.simulation.backends import Backend
-from geofl.server.simulation.fleet import FleetStats, VirtualFleet, VirtualUpdate
+from geofl.server.simulation.fleet import FleetStats, InFlight, VirtualFleet, VirtualUpdate
 from geofl.server.simulation.links import ClientLink
 from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.workers import UploadedTensor
@@ -155,7 +155,7 @@ class VirtualRelays:
         self._pending = [
             self._region(name, links, traces, backend, run_id) for name in config.simulation.regions
         ]
-        self._running: set[asyncio.Task[None]] = set()
+        self._in_flight = InFlight()
 
     @property
     def stats(self) -> FleetStats:
@@ -244,15 +244,11 @@ class VirtualRelays:
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"simulated relays cannot run {task.kind} tasks"))
             return
-        work = asyncio.ensure_future(self._serve(region, task))
-        self._running.add(work)
-        work.add_done_callback(self._running.discard)
+        self._in_flight.start(self._serve(region, task))
 
     async def close(self) -> None:
         """Cancel work in flight, the relays' and their clients'."""
-        for work in list(self._running):
-            work.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        await self._in_flight.cancel()
         for region in self._pending:
             await region.fleet.close()
 
