@@ -18,46 +18,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _ensure_benchmarks_importable() -> None:
-    """Register the repo's ``benchmarks`` package without putting the root on sys.path.
-
-    Under ``python -m pytest`` the root is already importable; under plain ``pytest`` it is
-    not, and adding it to sys.path would let other tests import bare folder names.
-    """
-    if importlib.util.find_spec("benchmarks") is not None:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks",
-        _ROOT / "benchmarks" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "benchmarks")],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot locate the benchmarks package")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks"] = module
-    spec.loader.exec_module(module)
-
-
-_ensure_benchmarks_importable()
-
-from benchmarks.byteproxy import ByteProxy, parse_hostport  # noqa: E402
-from benchmarks.core import (  # noqa: E402
+from benchmarks.byteproxy import ByteProxy, parse_hostport
+from benchmarks.core import (
     BenchmarkError,
     RoundRecord,
     RunContext,
     SystemRun,
     Workload,
 )
-from benchmarks.flower_system import (  # noqa: E402
+from benchmarks.flower_system import (
     FLOWER_APP_TEMPLATE,
     cli_config_toml,
     traffic_from_ls,
 )
-from benchmarks.framework import medians, parse_int_list, ratios  # noqa: E402
-from benchmarks.geofl_system import (  # noqa: E402
+from benchmarks.framework import medians, parse_int_list, ratios
+from benchmarks.geofl_system import (
     GEOFL_MODEL,
     GeoflSystem,
     checkpoint_dir,
@@ -65,14 +40,14 @@ from benchmarks.geofl_system import (  # noqa: E402
     phase_medians,
     rounds_from_runs_show,
 )
-from benchmarks.harness import summarize_case, write_rss_timeline  # noqa: E402
-from benchmarks.metrics import (  # noqa: E402
+from benchmarks.harness import summarize_case, write_rss_timeline
+from benchmarks.metrics import (
     ByteSample,
     bytes_between,
     proxy_bytes_per_round,
     rounds_from_events,
 )
-from benchmarks.procmon import (  # noqa: E402
+from benchmarks.procmon import (
     GroupPeaks,
     ProcessMonitor,
     ProcSample,

@@ -6,8 +6,6 @@ seconds); Flower deployments take minutes and are exercised by running the bench
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,24 +17,6 @@ from hypothesis import strategies as st
 
 _ROOT = Path(__file__).resolve().parents[2]
 
-
-def _register_benchmarks() -> None:
-    """Make ``benchmarks`` importable under plain ``pytest`` without touching sys.path."""
-    if importlib.util.find_spec("benchmarks") is not None:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks",
-        _ROOT / "benchmarks" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "benchmarks")],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot locate the benchmarks package")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks"] = module
-    spec.loader.exec_module(module)
-
-
-_register_benchmarks()
 
 from benchmarks import compare  # noqa: E402
 from benchmarks.apps import digits_mlp, geofl_digits  # noqa: E402

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,28 +10,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-def _register_benchmarks() -> None:
-    """Make ``benchmarks`` importable under plain ``pytest`` without touching sys.path."""
-    if importlib.util.find_spec("benchmarks") is not None:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks",
-        _ROOT / "benchmarks" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "benchmarks")],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot locate the benchmarks package")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks"] = module
-    spec.loader.exec_module(module)
-
-
-_register_benchmarks()
-
-from benchmarks.compression import (  # noqa: E402
+from benchmarks.compression import (
     CONFIGS,
     EXTRA_CONFIGS,
     CodecConfig,
@@ -43,7 +20,7 @@ from benchmarks.compression import (  # noqa: E402
     rounds_to_reach,
     summarize,
 )
-from geofl.protocols.codecs import CodecError  # noqa: E402
+from geofl.protocols.codecs import CodecError
 
 
 def _sets(args: list[str]) -> dict[str, Any]:

@@ -5,10 +5,7 @@ the Flower adapter's fidelity to the geofl client, and one tiny real run of each
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import os
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -17,36 +14,9 @@ import numpy as np
 import pytest
 import yaml
 
-_ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.conftest import import_fashion_example
 
-
-def _register_benchmarks() -> None:
-    """Make ``benchmarks`` importable under plain ``pytest`` without touching sys.path."""
-    if importlib.util.find_spec("benchmarks") is not None:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks",
-        _ROOT / "benchmarks" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "benchmarks")],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot locate the benchmarks package")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks"] = module
-    spec.loader.exec_module(module)
-
-
-_register_benchmarks()
-
-
-def _import_examples() -> None:
-    """Import the example task as ``geofl`` does, with the repository root on ``sys.path``."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(_ROOT))
-        importlib.import_module("examples.fashion_mnist.task")
-
-
-_import_examples()
+import_fashion_example()
 from benchmarks import scale  # noqa: E402
 from benchmarks.procmon import ProcSample  # noqa: E402
 from benchmarks.scale import (  # noqa: E402

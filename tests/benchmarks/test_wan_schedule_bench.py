@@ -5,11 +5,8 @@ virtual comparison, and one tiny real run of geofl (virtual clock) and of Flower
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,34 +14,9 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-_ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.conftest import import_fashion_example
 
-
-def _register_benchmarks() -> None:
-    """Make ``benchmarks`` importable under plain ``pytest`` without touching sys.path."""
-    if importlib.util.find_spec("benchmarks") is not None:
-        return
-    spec = importlib.util.spec_from_file_location(
-        "benchmarks",
-        _ROOT / "benchmarks" / "__init__.py",
-        submodule_search_locations=[str(_ROOT / "benchmarks")],
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError("cannot locate the benchmarks package")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["benchmarks"] = module
-    spec.loader.exec_module(module)
-
-
-def _import_examples() -> None:
-    """Import the example task as ``geofl`` does, with the repository root on ``sys.path``."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(_ROOT))
-        importlib.import_module("examples.fashion_mnist.task")
-
-
-_register_benchmarks()
-_import_examples()
+import_fashion_example()
 from benchmarks import wan_schedule as wan  # noqa: E402
 from benchmarks.apps import wan_fashion  # noqa: E402
 from benchmarks.wan_schedule_runs import (  # noqa: E402
