@@ -18,9 +18,7 @@ objects as its components and puts the repository root on ``PYTHONPATH``.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -28,32 +26,24 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from benchmarks.flower_bridge import fit_config, int_setting, log_event, train_config
 from examples.fashion_mnist.task import make_mlp_model, mlp_client_app, mlp_server_evaluate
 from geofl.client.app import ClientContext
 from geofl.client.partition import PARTITION_FILE_KEY
-from geofl.protocols.types import Config, Metrics, Scalar
+from geofl.protocols.types import Metrics, Scalar
 
 __all__ = [
     "ScaleFedAvg",
     "client_app",
     "geofl_context",
-    "log_event",
     "numeric_metrics",
-    "round_config",
     "server_app",
-    "train_config",
 ]
 
 server_app = ServerApp()
 client_app = ClientApp()
 #: Run-config keys the round config carries to the clients, as geofl's ``round_config``.
 ROUND_KEYS = ("local_steps", "batch_size", "lr")
-
-
-def log_event(path: str, event: str, **fields: float | int | str) -> None:
-    """Append one JSON event line with the current wall time to ``path``."""
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
 
 
 class ScaleFedAvg(FedAvg):
@@ -97,24 +87,6 @@ class ScaleFedAvg(FedAvg):
         return super().aggregate_train(server_round, received)
 
 
-def train_config(run_config: Mapping[str, object]) -> ConfigRecord:
-    """The per-round training settings of the run config, under geofl's key names."""
-    record = ConfigRecord()
-    for key in ROUND_KEYS:
-        value = run_config[key.replace("_", "-")]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"run config {key.replace('_', '-')} must be a number, got {value!r}")
-        record[key] = value
-    return record
-
-
-def _int_setting(run_config: Mapping[str, object], key: str) -> int:
-    value = run_config[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"run config {key} must be an integer, got {value!r}")
-    return value
-
-
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """FedAvg over the sampled nodes for ``num-rounds`` rounds; log timings and accuracy."""
@@ -122,17 +94,17 @@ def main(grid: Grid, context: Context) -> None:
     timing = str(cfg["timing-file"])
     strategy = ScaleFedAvg(
         timing,
-        _int_setting(cfg, "num-clients"),
-        _int_setting(cfg, "per-round"),
-        _int_setting(cfg, "min-clients"),
+        int_setting(cfg, "num-clients"),
+        int_setting(cfg, "per-round"),
+        int_setting(cfg, "min-clients"),
     )
     log_event(timing, "main_start")
     initial = ArrayRecord({name: Array(value) for name, value in make_mlp_model().items()})
     result = strategy.start(
         grid=grid,
         initial_arrays=initial,
-        num_rounds=_int_setting(cfg, "num-rounds"),
-        train_config=train_config(cfg),
+        num_rounds=int_setting(cfg, "num-rounds"),
+        train_config=train_config(cfg, ROUND_KEYS),
     )
     log_event(timing, "rounds_done")
     final = {name: arr.numpy() for name, arr in result.arrays.items()}
@@ -173,24 +145,13 @@ def numeric_metrics(metrics: Metrics) -> dict[str, int | float]:
     }
 
 
-def round_config(sent: Mapping[str, object]) -> Config:
-    """geofl's fit config from Flower's train config: the round keys plus ``server_round``."""
-    config: Config = {}
-    for key in ROUND_KEYS:
-        value = sent.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            config[key] = value
-    config["server_round"] = int(str(sent["server-round"]))
-    return config
-
-
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run geofl's MLP client's ``fit`` on the received model; reply with its weights."""
     received = msg.content.array_records["arrays"]
     weights = {name: arr.numpy() for name, arr in received.items()}
     client = mlp_client_app(geofl_context(context))
-    config = round_config(dict(msg.content.config_records["config"]))
+    config = fit_config(dict(msg.content.config_records["config"]), ROUND_KEYS)
     trained, num_examples, metrics = client.fit(weights, config)
     arrays = ArrayRecord({name: Array(np.asarray(value)) for name, value in trained.items()})
     reply = MetricRecord({**numeric_metrics(metrics), "num-examples": num_examples})

@@ -21,51 +21,34 @@ the same ``fit``, so both frameworks train the same code on the same shares.
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from benchmarks.flower_bridge import fit_config, int_setting, log_event, train_config
 from examples.fashion_mnist.task import client_app as fashion_client_app
 from examples.fashion_mnist.task import make_model, server_evaluate
 from geofl.client.app import ClientContext
 from geofl.client.partition import PARTITION_FILE_KEY
-from geofl.protocols.types import Config, Scalar
+from geofl.protocols.types import Scalar
 from geofl.server.simulation.workers import trained_samples
 
 __all__ = [
     "ROUND_KEYS",
     "WanFedAvg",
     "client_app",
-    "fit_config",
     "geofl_context",
-    "log_event",
     "server_app",
-    "train_config",
 ]
 
 server_app = ServerApp()
 client_app = ClientApp()
 #: Run-config keys (with ``-``) sent to the clients as geofl's round config keys (with ``_``).
 ROUND_KEYS = ("local_epochs", "lr", "batch_size")
-
-
-def log_event(path: str, event: str, **fields: object) -> None:
-    """Append one JSON event line with the current wall time to ``path``."""
-    with open(path, "a", encoding="utf-8") as out:
-        out.write(json.dumps({"event": event, "t": time.time(), **fields}) + "\n")
-
-
-def _int_setting(run_config: Mapping[str, object], key: str) -> int:
-    value = run_config[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"run config {key} must be an integer, got {value!r}")
-    return value
 
 
 def _metric_int(metrics: MetricRecord, key: str) -> int:
@@ -105,23 +88,12 @@ class WanFedAvg(FedAvg):
         return super().aggregate_train(server_round, received)
 
 
-def train_config(run_config: Mapping[str, object]) -> ConfigRecord:
-    """The per-round training settings of the run config, under geofl's key names."""
-    record = ConfigRecord()
-    for key in ROUND_KEYS:
-        value = run_config[key.replace("_", "-")]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"run config {key.replace('_', '-')} must be a number, got {value!r}")
-        record[key] = value
-    return record
-
-
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
     """FedAvg for ``num-rounds`` rounds with server-side evaluation after each."""
     cfg = dict(context.run_config)
     timing = str(cfg["timing-file"])
-    strategy = WanFedAvg(timing, _int_setting(cfg, "num-clients"), _int_setting(cfg, "per-round"))
+    strategy = WanFedAvg(timing, int_setting(cfg, "num-clients"), int_setting(cfg, "per-round"))
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         weights = {name: arr.numpy() for name, arr in arrays.items()}
@@ -134,8 +106,8 @@ def main(grid: Grid, context: Context) -> None:
     strategy.start(
         grid=grid,
         initial_arrays=initial,
-        num_rounds=_int_setting(cfg, "num-rounds"),
-        train_config=train_config(cfg),
+        num_rounds=int_setting(cfg, "num-rounds"),
+        train_config=train_config(cfg, ROUND_KEYS),
         evaluate_fn=evaluate,
     )
     log_event(timing, "done")
@@ -162,24 +134,13 @@ def geofl_context(context: Context) -> ClientContext:
     )
 
 
-def fit_config(sent: Mapping[str, object]) -> Config:
-    """geofl's fit config from Flower's train config: the round keys plus ``server_round``."""
-    config: Config = {}
-    for key in ROUND_KEYS:
-        value = sent.get(key)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            config[key] = value
-    config["server_round"] = int(str(sent["server-round"]))
-    return config
-
-
 @client_app.train()
 def train(msg: Message, context: Context) -> Message:
     """Run geofl's CNN client's ``fit``; reply with its weights, examples and samples."""
     received = msg.content.array_records["arrays"]
     weights = {name: arr.numpy() for name, arr in received.items()}
     geofl_ctx = geofl_context(context)
-    config = fit_config(dict(msg.content.config_records["config"]))
+    config = fit_config(dict(msg.content.config_records["config"]), ROUND_KEYS)
     trained, num_examples, metrics = fashion_client_app(geofl_ctx).fit(weights, config)
     arrays = ArrayRecord({name: Array(np.asarray(value)) for name, value in trained.items()})
     reply = MetricRecord(

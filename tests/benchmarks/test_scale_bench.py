@@ -247,7 +247,8 @@ def test_flower_adapter_trains_exactly_like_the_geofl_client(
     from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
     from flwr.supercore.task_identity import TaskIdentity
 
-    from benchmarks.scale_flower import train, train_config
+    from benchmarks.flower_bridge import train_config
+    from benchmarks.scale_flower import ROUND_KEYS, train
     from examples.fashion_mnist.task import make_mlp_model, mlp_client_app
 
     for attribute in ("_run_id", "_node_id", "_task_id"):  # as in a Flower process
@@ -263,7 +264,7 @@ def test_flower_adapter_trains_exactly_like_the_geofl_client(
         run_config=run_config,  # type: ignore[arg-type]
     )
     initial = make_mlp_model()
-    sent = train_config(run_config)
+    sent = train_config(run_config, ROUND_KEYS)
     sent["server-round"] = 2
     content = RecordDict(
         {"arrays": ArrayRecord({k: Array(v) for k, v in initial.items()}), "config": sent}
