@@ -15,11 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 
 from geofl.client.app import load_client_app
 from geofl.client.runtime import ClientOptions, ClientRuntime
 from geofl.server.config import RunConfig, parse_config
 from geofl.server.coordinator import Coordinator, RunResult
+from geofl.server.simulation.links import LinkModel
+from geofl.storage import open_database
+from geofl.storage.models import Node, Participation, Round, Run
 
 APPS = Path(__file__).parent / "apps"
 
@@ -122,3 +126,27 @@ def serve() -> Iterator[Any]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+def run_rows(config: RunConfig) -> tuple[Run, list[Round], list[tuple[Participation, Node]]]:
+    """The run's row, its rounds in order, and every participation with its node."""
+    db = open_database(config.storage.url)
+    try:
+        with db.session() as session:
+            run = session.scalars(select(Run)).one()
+            rounds = list(session.scalars(select(Round).order_by(Round.number)))
+            pairs = [
+                (p, n)
+                for p, n in session.execute(
+                    select(Participation, Node).join(Node, Participation.node_id == Node.id)
+                )
+            ]
+            session.expunge_all()
+        return run, rounds, pairs
+    finally:
+        db.close()
+
+
+def link_model(config: RunConfig) -> LinkModel:
+    """The WAN model the simulator draws from this configuration."""
+    return LinkModel.from_config(config.simulation, config.run.seed)

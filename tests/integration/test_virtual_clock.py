@@ -17,12 +17,11 @@ import pytest
 from sqlalchemy import select
 
 from geofl.server.config import ConfigError, RunConfig
-from geofl.server.simulation.links import LinkModel
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import VirtualRun, run_virtual_simulation
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database
-from geofl.storage.models import Node, Participation, Round, Run
-from tests.integration.conftest import run_config
+from geofl.storage.models import Participation, Round, Run
+from tests.integration.conftest import link_model, run_config, run_rows
 
 REGIONS = {
     "near": {"share": 0.5, "rtt_ms": 20, "up_mbps": 8, "down_mbps": 40},
@@ -52,28 +51,6 @@ def _virtual(tmp_path: Path, **overrides: Any) -> RunConfig:
     return run_config(tmp_path, **sections)
 
 
-def _rows(config: RunConfig) -> tuple[Run, list[Round], list[tuple[Participation, Node]]]:
-    db = open_database(config.storage.url)
-    try:
-        with db.session() as session:
-            run = session.scalars(select(Run)).one()
-            rounds = list(session.scalars(select(Round).order_by(Round.number)))
-            pairs = [
-                (p, n)
-                for p, n in session.execute(
-                    select(Participation, Node).join(Node, Participation.node_id == Node.id)
-                )
-            ]
-            session.expunge_all()
-        return run, rounds, pairs
-    finally:
-        db.close()
-
-
-def _links(config: RunConfig) -> LinkModel:
-    return LinkModel.from_config(config.simulation, config.run.seed)
-
-
 def _final_weights(config: RunConfig) -> dict[str, np.ndarray]:
     db = open_database(config.storage.url)
     try:
@@ -92,9 +69,9 @@ def test_durations_follow_the_link_model_exactly(tmp_path: Path) -> None:
     config = _virtual(tmp_path)
     outcome = run_virtual_simulation(config)
     assert outcome.result.status == "completed"
-    run, rounds, pairs = _rows(config)
+    run, rounds, pairs = run_rows(config)
     assert run.simulated_clock is True
-    links = _links(config)
+    links = link_model(config)
     fits = [(p, n) for p, n in pairs if p.kind == "fit"]
     assert len(fits) == 16 and all(p.status == "ok" for p, _ in fits)
     for participation, node in fits:
@@ -132,7 +109,7 @@ def test_stragglers_miss_the_deadline_in_simulated_time(tmp_path: Path) -> None:
     # Far clients need > 0.2 s for latency alone; near ones finish in ~0.12 s.
     config = _virtual(tmp_path, schedule={"deadline_s": 0.15, "wait_for_clients_s": 5})
     run_virtual_simulation(config)
-    _, rounds, pairs = _rows(config)
+    _, rounds, pairs = run_rows(config)
     statuses = {(n.region, p.status) for p, n in pairs if p.kind == "fit"}
     assert statuses == {("near", "ok"), ("far", "late")}
     assert all(r.status == "committed" for r in rounds)
@@ -147,7 +124,7 @@ def test_failures_and_nan_updates_are_recorded_not_applied(tmp_path: Path) -> No
         simulation={"node_config": {"raise-ids": "0", "nan-ids": "1"}},
     )
     run_virtual_simulation(config)
-    _, _, pairs = _rows(config)
+    _, _, pairs = run_rows(config)
     by_client = {n.name: p for p, n in pairs if p.kind == "fit"}
     assert by_client["sim-0"].status == "failed"
     assert "deliberate failure in fit" in (by_client["sim-0"].reason or "")
@@ -174,7 +151,7 @@ def test_availability_trace_drops_clients_mid_round(tmp_path: Path) -> None:
         simulation={"trace": str(trace), "regions": {}},
     )
     run_virtual_simulation(config, parsed)
-    _, rounds, pairs = _rows(config)
+    _, rounds, pairs = run_rows(config)
     first = [p for p, _ in pairs if p.kind == "fit" and p.round_id == rounds[0].id]
     dropped = [p for p in first if p.status == "dropped"]
     assert dropped and all("availability trace" in (p.reason or "") for p in dropped)
@@ -200,8 +177,8 @@ def test_compressed_uploads_are_smaller_and_take_less_time(tmp_path: Path) -> No
     compressed = _virtual(tmp_path / "fp16", run=one_round, model=model, compression={"up": "fp16"})
     run_virtual_simulation(plain)
     run_virtual_simulation(compressed)
-    plain_fits = {n.name: p for p, n in _rows(plain)[2] if p.kind == "fit"}
-    small_fits = {n.name: p for p, n in _rows(compressed)[2] if p.kind == "fit"}
+    plain_fits = {n.name: p for p, n in run_rows(plain)[2] if p.kind == "fit"}
+    small_fits = {n.name: p for p, n in run_rows(compressed)[2] if p.kind == "fit"}
     for name, participation in small_fits.items():
         assert participation.bytes_up < plain_fits[name].bytes_up
         assert participation.bytes_up_raw == plain_fits[name].bytes_up_raw
@@ -226,6 +203,6 @@ def test_the_simulators_partition_reaches_every_client(tmp_path: Path) -> None:
         },
     )
     run_virtual_simulation(config)
-    fits = [p for p, _ in _rows(config)[2] if p.kind == "fit"]
+    fits = [p for p, _ in run_rows(config)[2] if p.kind == "fit"]
     # 80 samples, 16 shards of 5, two per client: 10 examples each, all ok.
     assert len(fits) == 8 and all(p.status == "ok" and p.num_examples == 10 for p in fits)

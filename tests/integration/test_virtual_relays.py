@@ -28,8 +28,8 @@ from geofl.server.simulation.links import LinkModel, transfer_time_s
 from geofl.server.simulation.relays import regional_cohorts
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database
-from geofl.storage.models import Checkpoint, Node, Participation, Round, Run
-from tests.integration.conftest import run_config
+from geofl.storage.models import Checkpoint, Node, Participation
+from tests.integration.conftest import link_model, run_config, run_rows
 
 # Two near clients and six far ones (of 8): example weighting and plain averaging of the
 # two regional models give different global models.
@@ -69,24 +69,6 @@ def _relayed(tmp_path: Path, **overrides: Any) -> RunConfig:
     return run_config(tmp_path, **sections)
 
 
-def _rows(config: RunConfig) -> tuple[Run, list[Round], list[tuple[Participation, Node]]]:
-    db = open_database(config.storage.url)
-    try:
-        with db.session() as session:
-            run = session.scalars(select(Run)).one()
-            rounds = list(session.scalars(select(Round).order_by(Round.number)))
-            pairs = [
-                (p, n)
-                for p, n in session.execute(
-                    select(Participation, Node).join(Node, Participation.node_id == Node.id)
-                )
-            ]
-            session.expunge_all()
-        return run, rounds, pairs
-    finally:
-        db.close()
-
-
 def _checkpoints(config: RunConfig) -> dict[int, dict[str, np.ndarray]]:
     """The global model saved after each round, by round number."""
     db = open_database(config.storage.url)
@@ -109,10 +91,6 @@ def _initial_bytes(config: RunConfig) -> tuple[int, int]:
     return sum(len(chunk) for chunk in chunks), model_bytes(spec_of(initial))
 
 
-def _links(config: RunConfig) -> LinkModel:
-    return LinkModel.from_config(config.simulation, config.run.seed)
-
-
 def _mean_shift(links: LinkModel, region: str) -> float:
     """One regional FedAvg step of the test app: the mean of ``1 + i`` over the region."""
     return float(np.mean([1 + client for client in links.clients_in(region)]))
@@ -129,7 +107,7 @@ def test_one_local_round_is_exactly_flat_fedavg(tmp_path: Path) -> None:
     config = _relayed(tmp_path, run={"name": "itest", "rounds": 2, "seed": 1})
     outcome = run_virtual_simulation(config)
     assert outcome.result.status == "completed"
-    links = _links(config)
+    links = link_model(config)
     counts = links.region_counts()
     assert counts == {"near": 2, "far": 6}
     # The test has power: averaging the regions' models without weights would differ.
@@ -142,7 +120,7 @@ def test_one_local_round_is_exactly_flat_fedavg(tmp_path: Path) -> None:
         assert np.array_equal(weights["w"], np.full((4, 3), 4.5 * number, np.float32))
         assert np.array_equal(weights["b"], np.full(3, 4.5 * number, np.float32))
         assert int(weights["steps"]) == number
-    _, rounds, pairs = _rows(config)
+    _, rounds, pairs = run_rows(config)
     assert [r.status for r in rounds] == ["committed", "committed"]
     assert {node.name for _, node in pairs} == {"relay-near", "relay-far"}
     fits = [(p, node) for p, node in pairs if p.kind == "fit"]
@@ -169,12 +147,12 @@ def test_hierfavg_runs_two_regional_steps_then_weights_the_regions(tmp_path: Pat
     both = _relayed(tmp_path / "both", simulation=local)
     run_virtual_simulation(alone)
     run_virtual_simulation(both)
-    links = _links(both)
+    links = link_model(both)
     counts = links.region_counts()
     # Two regional FedAvg steps from the same model: twice the region's mean shift.
     expected = {region: 2 * _mean_shift(links, region) for region in counts}
 
-    (chosen,) = [name.removeprefix("relay-") for name in _fits(_rows(alone)[2])]
+    (chosen,) = [name.removeprefix("relay-") for name in _fits(run_rows(alone)[2])]
     alone_model = _checkpoints(alone)[1]
     assert np.allclose(alone_model["w"], expected[chosen])
     assert int(alone_model["steps"]) == 2  # the int tensor: +1 in each regional round
@@ -187,7 +165,7 @@ def test_hierfavg_runs_two_regional_steps_then_weights_the_regions(tmp_path: Pat
     assert np.allclose(other_model, expected[other], atol=1e-4)
     weighted = sum(counts[r] * expected[r] for r in counts) / sum(counts.values())
     assert np.allclose(global_model, weighted)
-    for name, participation in _fits(_rows(both)[2]).items():
+    for name, participation in _fits(run_rows(both)[2]).items():
         region = name.removeprefix("relay-")
         assert participation.metrics["relay_rounds"] == 2
         assert participation.metrics["relay_clients"] == counts[region]
@@ -213,8 +191,8 @@ def test_a_relays_fit_lasts_wan_down_regional_round_wan_up(tmp_path: Path) -> No
     )
     run_virtual_simulation(config)
     broadcast, raw = _initial_bytes(config)
-    links = _links(config)
-    fits = _fits(_rows(config)[2])
+    links = link_model(config)
+    fits = _fits(run_rows(config)[2])
     assert set(fits) == {"relay-near", "relay-far"}
     for name, participation in fits.items():
         region = config.simulation.regions[name.removeprefix("relay-")]
@@ -248,7 +226,7 @@ def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: 
         simulation={"regions": regions},
     )
     outcome = run_virtual_simulation(config)
-    run, rounds, pairs = _rows(config)
+    run, rounds, pairs = run_rows(config)
     # What the code records: every round failed, the run itself completed, no model saved.
     assert outcome.result.status == run.status == "completed"
     assert [r.status for r in rounds] == ["failed", "failed"]
@@ -324,8 +302,8 @@ def test_each_relay_selects_its_share_of_the_cohort(tmp_path: Path) -> None:
         simulation={"clients": 40, "regions": THREE, "relay": {"cohort": 8}},
     )
     run_virtual_simulation(config)
-    assert _links(config).region_counts() == {"near": 10, "mid": 10, "far": 20}
-    fits = _fits(_rows(config)[2])
+    assert link_model(config).region_counts() == {"near": 10, "mid": 10, "far": 20}
+    fits = _fits(run_rows(config)[2])
     expected = {"near": 2, "mid": 2, "far": 4}
     assert {name: p.metrics["relay_clients"] for name, p in fits.items()} == {
         f"relay-{region}": share for region, share in expected.items()
@@ -341,12 +319,12 @@ def test_a_region_without_clients_fails_its_relay_with_a_clear_reason(tmp_path: 
         strategy={"name": "fedavg", "clients_per_round": 3, "min_clients": 2},
         simulation={"clients": 2, "regions": THREE},
     )
-    counts = _links(config).region_counts()
+    counts = link_model(config).region_counts()
     empty = [name for name, count in counts.items() if count == 0]
     assert len(empty) == 1
     outcome = run_virtual_simulation(config)
     assert outcome.result.status == "completed"
-    fits = _fits(_rows(config)[2])
+    fits = _fits(run_rows(config)[2])
     assert fits[f"relay-{empty[0]}"].status == "failed"
     reason = fits[f"relay-{empty[0]}"].reason or ""
     assert f"region {empty[0]}: has no simulated clients" in reason
@@ -381,7 +359,7 @@ def test_a_node_of_a_region_the_run_does_not_serve_is_refused(tmp_path: Path, se
     assert "'moon'" in str(refused.value) and "['near']" in str(refused.value)
     server.add_client(0, region="near")
     assert server.wait().status == "completed"
-    _, rounds, pairs = _rows(config)
+    _, rounds, pairs = run_rows(config)
     assert [r.status for r in rounds] == ["committed"]
     assert {(node.name, node.region) for _, node in pairs} == {("node-0", "near")}
     db = open_database(config.storage.url)
@@ -399,8 +377,8 @@ def test_relays_pass_evaluation_on_to_their_clients(tmp_path: Path) -> None:
         evaluation={"every": 1, "clients": 2, "server": "geofl_testapp:server_evaluate"},
     )
     assert run_virtual_simulation(config).result.status == "completed"
-    counts = _links(config).region_counts()
-    evaluations = {node.name: p for p, node in _rows(config)[2] if p.kind == "evaluate"}
+    counts = link_model(config).region_counts()
+    evaluations = {node.name: p for p, node in run_rows(config)[2] if p.kind == "evaluate"}
     assert set(evaluations) == {"relay-near", "relay-far"}
     for name, participation in evaluations.items():
         assert participation.status == "ok"
@@ -422,7 +400,7 @@ def test_relays_stay_online_for_longer_than_the_heartbeat_patience(tmp_path: Pat
     outcome = run_virtual_simulation(config)
     assert outcome.simulated_s > 10 * 0.1  # far past three missed heartbeats
     assert outcome.result.status == "completed"
-    assert [r.status for r in _rows(config)[1]] == ["committed"] * 4
+    assert [r.status for r in run_rows(config)[1]] == ["committed"] * 4
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -442,7 +420,7 @@ def test_each_region_trains_from_its_own_regional_model(tmp_path: Path, workers:
         },
     )
     assert run_virtual_simulation(config).result.status == "completed"
-    links = _links(config)
+    links = link_model(config)
     regional: dict[str, float] = {}
     for region in ("near", "far"):
         targets = [1.0 + link.client for link in links.links if link.region == region]
