@@ -25,7 +25,7 @@ import numpy as np
 from geofl.protocols import serde
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.spool import MemoryBudget, SpoolSink
+from geofl.server.models.spool import MemoryBudget, SpoolSink
 
 __all__ = ["ingest_costs", "main"]
 

@@ -84,7 +84,7 @@ from benchmarks.secagg import (
 from geofl.protocols.secagg import SHARE_CIPHERTEXT_BYTES, PublicKeys, SecAggParams
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config import SecureAggregationConfig
-from geofl.server.secure_round import SecureSettings, roster_to_proto, round_params, setup_to_proto
+from geofl.server.rounds.secure import SecureSettings, roster_to_proto, round_params, setup_to_proto
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Where geofl's SecAgg+ round spends its CPU: one round replayed in one process.
 
 The real classes (:class:`~geofl.client.secagg.SecAggClient`,
-:class:`~geofl.server.secagg.SecAggServer`, the client's ``flatten``/``weighted_vector``,
+:class:`~geofl.server.rounds.secagg.SecAggServer`, the client's ``flatten``/``weighted_vector``,
 ``mean_of_sum`` and the strategy's accumulator) run one round of ``n`` clients over a
 ``d``-parameter float32 delta, with no transport, and every step is timed. The client's
 ``mask()`` and the server's ``finish()`` are also split into their primitives (quantize,
@@ -47,8 +47,8 @@ from geofl.protocols.secagg import (
 )
 from geofl.protocols.tensors import Difference, spec_of
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.secagg import SecAggServer
-from geofl.server.secure_round import mean_of_sum
+from geofl.server.rounds.secagg import SecAggServer
+from geofl.server.rounds.secure import mean_of_sum
 from geofl.server.strategies.streaming import StreamingMean
 
 __all__ = ["Timings", "main", "profile_round"]

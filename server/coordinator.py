@@ -22,20 +22,20 @@ from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
-from geofl.server.async_engine import fedbuff_engine
-from geofl.server.clock import WALL_CLOCK, Clock
 from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
-from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
-from geofl.server.loading import UserCodeError, load_initial_weights, load_server_evaluate
-from geofl.server.model_store import ModelStore
-from geofl.server.recorder import DatabaseRecorder
-from geofl.server.registry import Outcome, Registry, TaskRecord
+from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
+from geofl.server.models.spool import MemoryBudget
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.registry import Outcome, Registry, TaskRecord
+from geofl.server.rounds.fedbuff import fedbuff_engine
+from geofl.server.rounds.recorder import DatabaseRecorder
+from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
-from geofl.server.secure_round import SecureSettings
-from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server

@@ -4,7 +4,7 @@ Pure and transport-free: Shamir sharing over GF(2**521 - 1) (:mod:`.shamir`), X2
 agreement with HKDF-SHA256 (:mod:`.keys`), AES-GCM share transport (:mod:`.transport`),
 AES-CTR masks (:mod:`.prg`), the ring and its fixed-point quantizer (:mod:`.ring`) and
 the seeded Harary neighbour graph (:mod:`.graph`).  The stage machines are
-``geofl.client.secagg.SecAggClient`` and ``geofl.server.secagg.SecAggServer``.
+``geofl.client.secagg.SecAggClient`` and ``geofl.server.rounds.secagg.SecAggServer``.
 """
 
 from geofl.protocols.secagg.errors import SecAggAbortError, SecAggError, SecAggStage

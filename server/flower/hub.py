@@ -28,8 +28,8 @@ from geofl.protocols.types import Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.flower.errors import GridClosedError
 from geofl.server.flower.recording import RoundBook
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
 
 __all__ = ["MessageHub", "Outgoing", "PreparedArrays", "Settled"]
 

@@ -31,15 +31,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar
 from geofl.server.coordinator import AddressInUseError, RunResult, start_grpc_server
-from geofl.server.engine import RoundRecord
 from geofl.server.flower.app_dir import ConfigValue, FlowerApp
 from geofl.server.flower.config import FlowerRunConfig
 from geofl.server.flower.grid import GeoflGrid
 from geofl.server.flower.hub import MessageHub
 from geofl.server.flower.recording import RoundBook
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import Registry
-from geofl.server.spool import MemoryBudget
+from geofl.server.models.spool import MemoryBudget
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.registry import Registry
+from geofl.server.rounds.sync import RoundRecord
 from geofl.server.transport import ServerState
 from geofl.storage import Database, open_database, queries
 

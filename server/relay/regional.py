@@ -29,9 +29,9 @@ from geofl.server.coordinator import (
     shutdown_clients,
     start_grpc_server,
 )
-from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine, RoundRecord
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import Registry
+from geofl.server.models.spool import MemoryBudget
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.registry import Registry
 from geofl.server.relay.config import RelayConfig
 from geofl.server.relay.rounds import (
     MemoryRecorder,
@@ -43,8 +43,8 @@ from geofl.server.relay.rounds import (
     local_budget,
     regional_round_config,
 )
+from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
-from geofl.server.spool import MemoryBudget
 from geofl.server.strategies import FedAvg
 from geofl.server.transport import ServerState
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.config import ScheduleConfig
-from geofl.server.engine import Recorder, RoundRecord
+from geofl.server.rounds.sync import Recorder, RoundRecord
 
 __all__ = [
     "MIN_UPLOAD_RESERVE_S",

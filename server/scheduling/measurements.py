@@ -2,7 +2,7 @@
 
 The estimates come from the tasks the round engine hands out anyway, plus a small
 handshake the servicer may time; there is no probe traffic. Every time is a field of the
-finished :class:`~geofl.server.registry.TaskRecord` (dated by the registry's injected
+finished :class:`~geofl.server.nodes.registry.TaskRecord` (dated by the registry's injected
 clock, so a virtual-clock simulation measures simulated seconds); nothing here reads a
 clock.
 
@@ -65,7 +65,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from geofl.protocols.types import Scalar
-from geofl.server.registry import Outcome, TaskRecord
+from geofl.server.nodes.registry import Outcome, TaskRecord
 from geofl.storage.measurements import LinkMeasurement
 
 __all__ = ["LinkEstimate", "LinkEstimator", "trained_samples"]

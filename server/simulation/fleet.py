@@ -38,10 +38,10 @@ from geofl.protocols.compression import UploadPlan
 from geofl.protocols.partial_sync import pipelined_upload_end
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
-from geofl.server.clock import Clock
 from geofl.server.config.compression import CompressionConfig
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.clock import Clock
+from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
 from geofl.server.simulation.traces import ClientTrace
@@ -77,7 +77,7 @@ class FleetStats:
 
 
 class VirtualUpdate(Mapping[str, npt.NDArray[np.generic]]):
-    """A received update, decoded lazily like :class:`geofl.server.spool.SpooledUpdate`."""
+    """A received update, decoded lazily like :class:`geofl.server.models.spool.SpooledUpdate`."""
 
     def __init__(self, tensors: Mapping[str, UploadedTensor]) -> None:
         self._tensors = dict(tensors)

@@ -38,7 +38,7 @@ from geofl.protocols.types import Scalar
 from geofl.server.config.errors import ConfigError, ConfigProblem
 from geofl.server.config.models import RunConfig
 from geofl.server.config.simulation import PartitionConfig
-from geofl.server.loading import UserCodeError, import_object
+from geofl.server.models.loading import UserCodeError, import_object
 
 __all__ = [
     "PARTITION_FILE_NAME",

@@ -35,17 +35,17 @@ import numpy as np
 
 from geofl.protocols.tensors import ModelSpec, model_bytes
 from geofl.protocols.types import Scalar, Weights, WeightsView
-from geofl.server.clock import Clock
 from geofl.server.config import CompressionConfig, RunConfig, ScheduleConfig
-from geofl.server.engine import EngineSettings, NoClientsError, RoundEngine
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.clock import Clock
+from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
 from geofl.server.relay.rounds import (
     MemoryRecorder,
     RegionalError,
     VersionPlan,
     regional_round_config,
 )
+from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.fleet import FleetStats, InFlight, VirtualFleet, VirtualUpdate

@@ -1,7 +1,7 @@
 """``geofl simulate`` on the virtual clock: the real coordinator, simulated clients and time.
 
 The coordinator, round engine, strategy, recorder and model store are the ones a
-deployment runs; only the clock (a :class:`~geofl.server.clock.LoopClock` over a
+deployment runs; only the clock (a :class:`~geofl.server.nodes.clock.LoopClock` over a
 :class:`~geofl.server.simulation.virtual_loop.VirtualTimeLoop`) and the clients
 (:class:`~geofl.server.simulation.fleet.VirtualFleet`, whose jobs run in a backend; with
 ``simulation.relays`` behind :class:`~geofl.server.simulation.relays.VirtualRelays`) are
@@ -20,11 +20,11 @@ from pathlib import Path
 
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar
-from geofl.server.clock import LoopClock
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig
 from geofl.server.coordinator import Coordinator, RunResult
-from geofl.server.engine import RoundRecord
-from geofl.server.registry import Outcome, TaskRecord
+from geofl.server.nodes.clock import LoopClock
+from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.rounds.sync import RoundRecord
 from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel

@@ -51,7 +51,7 @@ class _JumpingSelector(selectors.DefaultSelector):
 class VirtualTimeLoop(asyncio.SelectorEventLoop):
     """A selector event loop on simulated time; see the module docstring."""
 
-    #: Read by :class:`geofl.server.clock.LoopClock` to mark its times as simulated.
+    #: Read by :class:`geofl.server.nodes.clock.LoopClock` to mark its times as simulated.
     virtual = True
 
     def __init__(self, start: float | None = None) -> None:

@@ -34,9 +34,9 @@ from geofl.protocols.types import Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import MessageReply, NodeSession, Outcome, Registry, TaskRecord
-from geofl.server.spool import MemoryBudget, SpoolSink
+from geofl.server.models.spool import MemoryBudget, SpoolSink
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.registry import MessageReply, NodeSession, Outcome, Registry, TaskRecord
 
 log = logging.getLogger(__name__)
 

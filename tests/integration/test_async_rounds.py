@@ -25,14 +25,14 @@ from hypothesis import strategies as st
 
 from geofl.client.runtime import ClientRuntime
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.async_engine import STALENESS_METRIC, AsyncEngine, staleness_discount
 from geofl.server.config import ConfigError, RunConfig, parse_config
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
 from geofl.server.coordinator import engine_settings
-from geofl.server.engine import Recorder
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import Registry
-from geofl.server.secure_round import SecureSettings
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.registry import Registry
+from geofl.server.rounds.fedbuff import STALENESS_METRIC, AsyncEngine, staleness_discount
+from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.sync import Recorder
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.server.strategies import make_strategy

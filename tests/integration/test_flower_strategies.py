@@ -19,7 +19,7 @@ import pytest
 
 from geofl.server.config import RunConfig, load_config
 from geofl.server.coordinator import Coordinator
-from geofl.server.engine import RoundRecord
+from geofl.server.rounds.sync import RoundRecord
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 from .conftest import ServerHandle

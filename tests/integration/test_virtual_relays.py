@@ -23,7 +23,7 @@ from geofl.protocols import streams
 from geofl.protocols.errors import ErrorCode, GeoflError
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.server.config import RunConfig
-from geofl.server.loading import load_initial_weights
+from geofl.server.models.loading import load_initial_weights
 from geofl.server.simulation.links import LinkModel, transfer_time_s
 from geofl.server.simulation.relays import regional_cohorts
 from geofl.server.simulation.virtual import run_virtual_simulation

@@ -82,6 +82,6 @@ def test_imports_point_one_way(path: Path) -> None:
 
 def test_import_checker_catches_a_violation(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from geofl.server.engine import RoundEngine\n")
-    assert "geofl.server.engine" in _imports(bad)
+    bad.write_text("from geofl.server.rounds.sync import RoundEngine\n")
+    assert "geofl.server.rounds.sync" in _imports(bad)
     assert "geofl.server" not in ALLOWED["geofl.client"]

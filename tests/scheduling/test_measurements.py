@@ -18,7 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from geofl.server.registry import Outcome, TaskKindName, TaskRecord
+from geofl.server.nodes.registry import Outcome, TaskKindName, TaskRecord
 from geofl.server.scheduling import LinkEstimate, LinkEstimator
 
 SETTINGS = settings(max_examples=40, deadline=None)

@@ -13,7 +13,7 @@ from geofl.protocols.secagg import (
     SecAggParams,
     SecAggStage,
 )
-from geofl.server.secagg import SecAggServer
+from geofl.server.rounds.secagg import SecAggServer
 
 from .test_secagg_harness import make_params
 

@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from geofl.client.secagg import SecAggClient
 from geofl.protocols.secagg import SecAggParams
-from geofl.server.secagg import SecAggServer
+from geofl.server.rounds.secagg import SecAggServer
 
 DROP_STAGES = ("advertise", "share", "receive", "mask", "unmask")
 SEED = bytes(range(32))

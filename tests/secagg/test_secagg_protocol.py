@@ -7,7 +7,7 @@ import pytest
 
 from geofl.client.secagg import SecAggClient
 from geofl.protocols.secagg import SecAggAbortError, SecAggError, SecAggStage
-from geofl.server.secagg import SecAggServer
+from geofl.server.rounds.secagg import SecAggServer
 
 from .test_secagg_harness import DROP_STAGES, clipped_sum, make_params, make_vectors, run_round
 

@@ -14,7 +14,7 @@ from geofl.protocols.secagg import (
     SecAggParams,
     SecAggStage,
 )
-from geofl.server.secagg import SecAggServer
+from geofl.server.rounds.secagg import SecAggServer
 
 from .test_secagg_harness import clipped_sum, make_params, make_vectors
 

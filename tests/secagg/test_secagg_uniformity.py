@@ -16,7 +16,7 @@ import pytest
 
 from geofl.client.secagg import SecAggClient
 from geofl.protocols.secagg import RingArray
-from geofl.server.secagg import SecAggServer
+from geofl.server.rounds.secagg import SecAggServer
 
 from .test_secagg_harness import make_params
 

@@ -12,8 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from geofl.server.config import ConfigError, ScheduleConfig
-from geofl.server.engine import RoundRecord
-from geofl.server.registry import Outcome, TaskRecord
+from geofl.server.nodes.registry import Outcome, TaskRecord
 from geofl.server.relay import (
     MemoryRecorder,
     RegionalError,
@@ -22,6 +21,7 @@ from geofl.server.relay import (
     load_relay_config,
     local_budget,
 )
+from geofl.server.rounds.sync import RoundRecord
 
 REQUIRED = [
     flag_override("--region", "relay.region", "eu"),
@@ -174,8 +174,8 @@ def test_the_result_counts_each_contributing_client_once() -> None:
 def test_a_relay_selects_its_clients_with_the_runs_policy_and_keeps_its_measurements() -> None:
     from dataclasses import replace
 
-    from geofl.server.engine import EngineSettings
     from geofl.server.relay import RegionalServer
+    from geofl.server.rounds.sync import EngineSettings
 
     config = load_relay_config(
         flags=[*REQUIRED, flag_override("--set", "schedule.selection.policy", "deadline")]

@@ -10,7 +10,7 @@ import pytest
 from geofl.protocols.secagg import SecAggError
 from geofl.protocols.tensors import TensorSpec
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.secure_round import SecureSettings, mean_of_sum, round_params, setup_to_proto
+from geofl.server.rounds.secure import SecureSettings, mean_of_sum, round_params, setup_to_proto
 
 
 def _settings(**changes: Any) -> SecureSettings:

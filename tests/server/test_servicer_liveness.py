@@ -6,7 +6,7 @@ import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator
 
-from geofl.server.registry import Registry
+from geofl.server.nodes.registry import Registry
 from geofl.server.transport.servicer import CoordinatorServicer, ServerState
 
 

@@ -21,7 +21,7 @@ import pytest
 from geofl.protocols.streams import Incoming
 from geofl.protocols.tensors import TensorSpec
 from geofl.server.config import ConfigError, load_config, parse_config
-from geofl.server.spool import MemoryBudget, SpooledUpdate, SpoolSink
+from geofl.server.models.spool import MemoryBudget, SpooledUpdate, SpoolSink
 from geofl.server.strategies import (
     FLOWER_STRATEGIES,
     FlowerConfigError,

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from geofl.server.clock import WALL_CLOCK, LoopClock
+from geofl.server.nodes.clock import WALL_CLOCK, LoopClock
 from geofl.server.simulation.virtual_loop import VirtualTimeLoop, real_work, run_virtual
 
 

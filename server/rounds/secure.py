@@ -4,7 +4,7 @@ The engine drives the SecAgg+ stages (advertise -> share -> masked fit -> unmask
 same task machinery as plain rounds; this module chooses each round's parameters
 (neighbourhood degree, threshold, a fresh graph seed) and converts between the protocol's
 dataclasses and their protobuf messages. The cryptography lives in
-:mod:`geofl.protocols.secagg` and the server's bookkeeping in :mod:`geofl.server.secagg`.
+:mod:`geofl.protocols.secagg` and the server's bookkeeping in :mod:`geofl.server.rounds.secagg`.
 """
 
 from __future__ import annotations

@@ -56,22 +56,22 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config import ScheduleConfig
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.engine import (
+from geofl.server.nodes.registry import NodeSession, Outcome, TaskKindName, TaskRecord
+from geofl.server.rounds.secagg import SecAggServer
+from geofl.server.rounds.secure import (
+    keys_from_proto,
+    mean_of_sum,
+    roster_to_proto,
+    round_params,
+    setup_to_proto,
+)
+from geofl.server.rounds.sync import (
     NoClientsError,
     Phase,
     PhaseClock,
     RoundEngine,
     RoundFailedError,
     RoundRecord,
-)
-from geofl.server.registry import NodeSession, Outcome, TaskKindName, TaskRecord
-from geofl.server.secagg import SecAggServer
-from geofl.server.secure_round import (
-    keys_from_proto,
-    mean_of_sum,
-    roster_to_proto,
-    round_params,
-    setup_to_proto,
 )
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
 

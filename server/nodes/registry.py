@@ -18,7 +18,7 @@ from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Config, Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
 
 #: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
 #: :mod:`geofl.server.flower`).

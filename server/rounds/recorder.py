@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from geofl.protocols.types import WeightsView
-from geofl.server.clock import WALL_CLOCK, Clock
-from geofl.server.engine import Phase, Recorder, RoundRecord
-from geofl.server.registry import Outcome, TaskRecord
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.rounds.sync import Phase, Recorder, RoundRecord
 from geofl.server.scheduling.measurements import LinkEstimate
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 

@@ -34,13 +34,12 @@ from geofl.protocols.secagg import SecAggAbortError, SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.clock import WALL_CLOCK, Clock
-from geofl.server.model_store import ModelStore
-from geofl.server.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
-from geofl.server.scheduling.measurements import LinkEstimate
-from geofl.server.scheduling.scheduler import Scheduler
-from geofl.server.secagg import SecAggServer
-from geofl.server.secure_round import (
+from geofl.server.models.spool import SpooledUpdate
+from geofl.server.models.store import ModelStore
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
+from geofl.server.rounds.secagg import SecAggServer
+from geofl.server.rounds.secure import (
     SecureSettings,
     keys_from_proto,
     mean_of_sum,
@@ -48,7 +47,8 @@ from geofl.server.secure_round import (
     round_params,
     setup_to_proto,
 )
-from geofl.server.spool import SpooledUpdate
+from geofl.server.scheduling.measurements import LinkEstimate
+from geofl.server.scheduling.scheduler import Scheduler
 from geofl.server.strategies import Strategy, StrategyError, StreamingMean, UpdateRejected
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""Connected nodes, the tasks handed to them, and what came back."""

@@ -1,0 +1,1 @@
+"""The round core: engines that run a run's rounds, composed of small parts."""
