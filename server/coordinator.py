@@ -28,7 +28,8 @@ from geofl.server.models.loading import UserCodeError, load_initial_weights, loa
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
-from geofl.server.nodes.registry import Outcome, Registry, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import Registry, TaskRecord
 from geofl.server.rounds.fedbuff import fedbuff_engine
 from geofl.server.rounds.recorder import DatabaseRecorder
 from geofl.server.rounds.secure import SecureSettings

@@ -21,7 +21,8 @@ from geofl.server.cli.exit_codes import ExitCode
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig, load_config
 from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.models.loading import UserCodeError
-from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.server.rounds.sync import RoundRecord
 from geofl.server.simulation import LinkModel
 from geofl.server.simulation.partition import prepare_partitions

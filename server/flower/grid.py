@@ -33,7 +33,7 @@ from geofl.protocols.flower import (
 from geofl.protocols.tensors import spec_of
 from geofl.server.flower.errors import GridClosedError, UnsupportedFlowerFeatureError
 from geofl.server.flower.hub import MessageHub, Outgoing, PreparedArrays, RoundKind
-from geofl.server.nodes.registry import MessageReply, Outcome
+from geofl.server.nodes.outcomes import MessageReply, Outcome
 
 __all__ = ["GeoflGrid", "round_of"]
 

@@ -29,7 +29,8 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.flower.errors import GridClosedError
 from geofl.server.flower.recording import RoundBook
 from geofl.server.models.store import ModelStore
-from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 
 __all__ = ["MessageHub", "Outgoing", "PreparedArrays", "Settled"]
 

@@ -22,7 +22,8 @@ from flwr.common.serde import recorddict_from_proto
 from flwr.proto.recorddict_pb2 import RecordDict as ProtoFlowerRecordDict
 
 from geofl.protocols.types import Metrics
-from geofl.server.nodes.registry import MessageReply, Outcome, TaskRecord
+from geofl.server.nodes.outcomes import MessageReply, Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.server.rounds.sync import RoundRecord
 from geofl.storage import Database, RoundPhase, RoundStatus, queries
 

@@ -11,46 +11,19 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal, Protocol
 
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
 from geofl.protocols.tensors import ModelSpec
-from geofl.protocols.types import Config, Scalar, Weights
+from geofl.protocols.types import Config, Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.outcomes import Outcome
 
 #: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
 #: :mod:`geofl.server.flower`).
 TaskKindName = Literal["fit", "evaluate", "advertise", "share", "unmask", "message"]
-
-
-@dataclass
-class Outcome:
-    """What became of one task: a result, or the reason there is none."""
-
-    status: Literal["ok", "failed", "rejected", "late", "dropped"]
-    reason: str | None = None
-    num_examples: int = 0
-    loss: float | None = None
-    metrics: dict[str, Scalar] = field(default_factory=dict)
-    #: A SpooledUpdate for fit results, the ring vector of a masked one, a MessageReply
-    #: for messages.
-    update: Any = None
-    compute_s: float | None = None
-    bytes_up: int = 0
-    #: What the upload would have cost uncompressed.
-    bytes_up_raw: int = 0
-    #: What a secure-aggregation stage task returned.
-    secagg: pb.SecAggResult | None = None
-
-
-@dataclass(frozen=True)
-class MessageReply:
-    """What a client sent back for a message task: its wire content and arrays."""
-
-    content: pb.FlowerContent
-    tensors: Weights
 
 
 @dataclass
@@ -111,6 +84,46 @@ class NodeSession:
     online: bool = True
 
 
+class ChangeSignal:
+    """Tells every subscriber that the set of available nodes may have changed.
+
+    The engines wake their selection waits on it; the Flower hub answers node queries.
+    """
+
+    def __init__(self) -> None:
+        self._listeners: list[Callable[[], None]] = []
+
+    def subscribe(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` on every change; returns the function that unsubscribes it."""
+        self._listeners.append(listener)
+
+        def unsubscribe() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return unsubscribe
+
+    def notify(self) -> None:
+        """A node joined, left, or finished a task."""
+        for listener in list(self._listeners):
+            listener()
+
+
+class SimulatedNodes(Protocol):
+    """Nodes that live in this process: they take their tasks, and their presence is simulated.
+
+    Networked nodes poll their mailbox and prove they are alive with heartbeats; the
+    virtual fleet and simulated relays are handed each task at once, and are online
+    exactly while :meth:`is_present` says so.
+    """
+
+    def deliver(self, session: NodeSession, task: TaskRecord) -> None:
+        """Start serving ``task`` for ``session``."""
+
+    def is_present(self, session: NodeSession) -> bool:
+        """Whether ``session``'s node is online now."""
+
+
 class Registry:
     """Sessions by token, tasks by id, and liveness."""
 
@@ -118,11 +131,9 @@ class Registry:
         self, heartbeat_interval_s: float, patience: int = 3, clock: Clock = WALL_CLOCK
     ) -> None:
         self.clock = clock
-        #: Nodes whose presence is simulated (no heartbeats): online while this says so.
-        self.presence: Callable[[NodeSession], bool] | None = None
-        #: Called with each task handed out (virtual clients pick their tasks up here).
-        self.on_assign: Callable[[NodeSession, TaskRecord], None] | None = None
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.changes = ChangeSignal()
+        self._simulated: SimulatedNodes | None = None
         self._patience = patience
         self._by_token: dict[str, NodeSession] = {}
         self._by_id: dict[int, NodeSession] = {}
@@ -130,7 +141,18 @@ class Registry:
         self._next_task_id = int(time.time() * 1000) << 8  # unique across restarts
         self.finished = asyncio.Event()
         self.shutdown_delivered: set[int] = set()
-        self.on_change: Callable[[], None] = lambda: None
+
+    def attach(self, nodes: SimulatedNodes) -> None:
+        """Serve every node through ``nodes`` (a simulation), before any task is handed out.
+
+        Raises
+        ------
+        RuntimeError
+            If simulated nodes are attached already, or a task was handed out before.
+        """
+        if self._simulated is not None or self._tasks:
+            raise RuntimeError("simulated nodes attach once, before the first task")
+        self._simulated = nodes
 
     # ------------------------------------------------------------ sessions
 
@@ -144,7 +166,7 @@ class Registry:
         session = NodeSession(node_id, name, region, config, token, self.clock.monotonic())
         self._by_token[token] = session
         self._by_id[node_id] = session
-        self.on_change()
+        self.changes.notify()
         return token
 
     def session(self, token: str | None) -> NodeSession:
@@ -166,11 +188,11 @@ class Registry:
     def expire(self) -> list[NodeSession]:
         """Mark nodes that missed ``patience`` heartbeats offline; return them.
 
-        With :attr:`presence` set (simulated nodes), a node is online exactly while
-        ``presence`` says so, and one that comes back is online again.
+        With simulated nodes attached, a node is online exactly while they say so, and
+        one that comes back is online again.
         """
-        if self.presence is not None:
-            return self._apply_presence(self.presence)
+        if self._simulated is not None:
+            return self._apply_presence(self._simulated)
         limit = self.clock.monotonic() - self._patience * self.heartbeat_interval_s
         gone = [s for s in self._by_id.values() if s.online and s.last_seen < limit]
         for session in gone:
@@ -178,14 +200,14 @@ class Registry:
             self._by_token.pop(session.token, None)
             self._drop_current(session, "node stopped sending heartbeats")
         if gone:
-            self.on_change()
+            self.changes.notify()
         return gone
 
-    def _apply_presence(self, presence: Callable[[NodeSession], bool]) -> list[NodeSession]:
+    def _apply_presence(self, nodes: SimulatedNodes) -> list[NodeSession]:
         gone: list[NodeSession] = []
         changed = False
         for session in self._by_id.values():
-            here = presence(session)
+            here = nodes.is_present(session)
             if here == session.online:
                 continue
             changed = True
@@ -194,7 +216,7 @@ class Registry:
                 gone.append(session)
                 self._drop_current(session, "node went offline (availability trace)")
         if changed:
-            self.on_change()
+            self.changes.notify()
         return gone
 
     def _drop_current(self, session: NodeSession, reason: str) -> None:
@@ -241,8 +263,8 @@ class Registry:
         )
         self._tasks[task.task_id] = task
         session.current = task
-        if self.on_assign is not None:
-            self.on_assign(session, task)
+        if self._simulated is not None:
+            self._simulated.deliver(session, task)
         else:
             session.mailbox.put_nowait(task)
         task.future.add_done_callback(lambda _: self._release(task))
@@ -253,7 +275,7 @@ class Registry:
         session = self._by_id.get(task.node_id)
         if session is not None and session.current is task:
             session.current = None
-            self.on_change()
+            self.changes.notify()
 
     def task_for(self, session: NodeSession, task_id: int) -> TaskRecord:
         """The open task ``task_id`` of this node, or :class:`TaskError`."""
@@ -263,4 +285,11 @@ class Registry:
         return task
 
 
-__all__ = ["MessageReply", "NodeSession", "Outcome", "Registry", "TaskRecord"]
+__all__ = [
+    "ChangeSignal",
+    "NodeSession",
+    "Registry",
+    "SimulatedNodes",
+    "TaskKindName",
+    "TaskRecord",
+]

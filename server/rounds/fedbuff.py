@@ -56,7 +56,8 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config import ScheduleConfig
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.nodes.registry import NodeSession, Outcome, TaskKindName, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
 from geofl.server.rounds.secagg import SecAggServer
 from geofl.server.rounds.secure import (
     keys_from_proto,

@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 from geofl.protocols.types import WeightsView
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
-from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.server.rounds.sync import Phase, Recorder, RoundRecord
 from geofl.server.scheduling.measurements import LinkEstimate
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries

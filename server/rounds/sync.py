@@ -37,7 +37,8 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.models.spool import SpooledUpdate
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
-from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskKindName, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, Registry, TaskKindName, TaskRecord
 from geofl.server.rounds.secagg import SecAggServer
 from geofl.server.rounds.secure import (
     SecureSettings,

@@ -65,7 +65,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from geofl.protocols.types import Scalar
-from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.storage.measurements import LinkMeasurement
 
 __all__ = ["LinkEstimate", "LinkEstimator", "trained_samples"]

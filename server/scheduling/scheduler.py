@@ -20,7 +20,8 @@ from typing import Any
 
 from geofl.protocols.compression import UploadPlan
 from geofl.server.config.schedule import SelectionConfig
-from geofl.server.nodes.registry import NodeSession, Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, TaskRecord
 from geofl.server.scheduling.adaptive import ChainChoice, choose_upload_chain, upload_budget_s
 from geofl.server.scheduling.measurements import LinkEstimate, LinkEstimator, trained_samples
 from geofl.server.scheduling.planner import (

@@ -41,7 +41,8 @@ from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
 from geofl.server.simulation.traces import ClientTrace

@@ -38,7 +38,8 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import CompressionConfig, RunConfig, ScheduleConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.registry import NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.relay.rounds import (
     MemoryRecorder,
     RegionalError,

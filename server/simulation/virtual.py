@@ -23,7 +23,8 @@ from geofl.protocols.types import Scalar
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig
 from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.nodes.clock import LoopClock
-from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.server.rounds.sync import RoundRecord
 from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for

@@ -36,7 +36,8 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
 from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
-from geofl.server.nodes.registry import MessageReply, NodeSession, Outcome, Registry, TaskRecord
+from geofl.server.nodes.outcomes import MessageReply, Outcome
+from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 
 log = logging.getLogger(__name__)
 

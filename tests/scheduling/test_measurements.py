@@ -18,7 +18,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from geofl.server.nodes.registry import Outcome, TaskKindName, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskKindName, TaskRecord
 from geofl.server.scheduling import LinkEstimate, LinkEstimator
 
 SETTINGS = settings(max_examples=40, deadline=None)

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from geofl.protocols.compression import UploadPlan
 from geofl.server.config.schedule import SelectionConfig
-from geofl.server.nodes.registry import NodeSession, Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import NodeSession, TaskRecord
 from geofl.server.scheduling.adaptive import DEFAULT_LADDER, ChainOption
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 

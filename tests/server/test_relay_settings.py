@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from geofl.server.config import ConfigError, ScheduleConfig
-from geofl.server.nodes.registry import Outcome, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.server.relay import (
     MemoryRecorder,
     RegionalError,

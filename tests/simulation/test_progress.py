@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 from geofl.protocols.types import Metrics
-from geofl.server.nodes.registry import Outcome, TaskKindName, TaskRecord
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import TaskKindName, TaskRecord
 from geofl.server.rounds.sync import RoundRecord
 from geofl.server.simulation.progress import SimulationProgress, round_line
 
