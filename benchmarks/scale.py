@@ -648,6 +648,7 @@ def _final_accuracy(config_path: Path, run_id: int) -> float | None:
 def run_geofl_child(config_path: Path, events: Path) -> int:
     """``geofl simulate -c config_path`` on the virtual clock, logging events; exit code."""
     from geofl.server.config import load_config
+    from geofl.server.rounds.observers import RoundEndCallback
     from geofl.server.simulation.preflight import check_simulation
     from geofl.server.simulation.virtual import run_virtual_simulation
 
@@ -662,7 +663,7 @@ def run_geofl_child(config_path: Path, events: Path) -> int:
     run = run_virtual_simulation(
         config,
         traces,
-        on_round_end=on_round_end,
+        observers=[RoundEndCallback(on_round_end)],
         on_start=lambda coordinator, links: _append_event(events, "fleet_ready"),
     )
     status = run.result.status

@@ -11,29 +11,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
-from geofl.server.config import RunConfig, SecureAggregationConfig, ServerConfig
+from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
-from geofl.server.nodes.outcomes import Outcome
-from geofl.server.nodes.registry import Registry, TaskRecord
-from geofl.server.rounds.fedbuff import fedbuff_engine
+from geofl.server.nodes.registry import Registry
+from geofl.server.rounds.factory import make_engine
+from geofl.server.rounds.observers import Observers, RoundObserver
+from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
+from geofl.server.rounds.records import EngineSettings, NoClientsError
 from geofl.server.rounds.secure import SecureSettings
-from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine, RoundRecord
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
@@ -84,49 +84,6 @@ def build_strategy(config: RunConfig) -> Strategy:
     for key in ("clients_per_round", "min_clients"):
         params.pop(key, None)
     return make_strategy(name, **params)
-
-
-def round_config(config: RunConfig) -> dict[str, Scalar]:
-    """What every fit task is configured with; mode diloco sets ``local_steps`` to H."""
-    values: dict[str, Scalar] = dict(config.round_config)
-    if config.schedule.mode == "diloco":
-        values.setdefault("local_steps", config.schedule.diloco.local_steps)
-    return values
-
-
-def engine_settings(config: RunConfig) -> EngineSettings:
-    """The engine's view of the configuration."""
-    ev = config.evaluation
-    return EngineSettings(
-        rounds=config.run.rounds,
-        clients_per_round=config.strategy.clients_per_round,
-        min_clients=config.strategy.min_clients,
-        over_select=config.schedule.over_select,
-        deadline_s=config.schedule.deadline_s,
-        wait_for_clients_s=config.schedule.wait_for_clients_s,
-        round_config=round_config(config),
-        evaluate_every=ev.every,
-        evaluate_clients=config.evaluation_clients,
-        evaluate_config=dict(ev.config),
-        seed=config.run.seed,
-    )
-
-
-def secure_settings(secure: SecureAggregationConfig, run_id: int) -> SecureSettings | None:
-    """Secure aggregation's settings, bound to ``run_id`` (None: plain rounds)."""
-    if not secure.enabled:
-        return None
-    return SecureSettings(
-        run_id=run_id,
-        degree=secure.degree,
-        threshold=secure.threshold,
-        clip=secure.clip,
-        ring_bits=secure.ring_bits,
-        max_examples=secure.max_examples,
-        stage_deadline_s=secure.stage_deadline_s,
-        low_rank=secure.low_rank.rank if secure.low_rank else 0,
-        low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
-    )
 
 
 async def start_grpc_server(
@@ -193,19 +150,19 @@ class Coordinator:
         self,
         config: RunConfig,
         *,
-        on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+        observers: Sequence[RoundObserver] = (),
         clock: Clock = WALL_CLOCK,
         listen: bool = True,
-        on_round_start: Callable[[int], None] = lambda number: None,
-        on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
     ) -> None:
-        """``listen=False`` serves no gRPC: the clients are simulated in process."""
+        """``observers`` hear of every round after the database recorder has written it.
+
+        ``listen=False`` serves no gRPC: the clients are simulated in process (they
+        attach to :attr:`registry`).
+        """
         self.config = config
         self.clock = clock
         self._listen = listen
-        self._on_round_end = on_round_end
-        self._on_round_start = on_round_start
-        self._on_task = on_task
+        self._observers = list(observers)
         self.db: Database = open_database(config.storage.url)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
@@ -278,16 +235,6 @@ class Coordinator:
                 self.config.run.name, str(exc), path="schedule.partial_sync"
             ) from exc
 
-    def _upload_plan(self, region: str | None) -> UploadPlan | None:
-        """How a client in ``region`` compresses its update (None: uncompressed)."""
-        compression = self.config.compression
-        chain = compression.up_chain(region)
-        if not chain:
-            return None
-        return UploadPlan(
-            chain, compression.min_bytes, compression.error_feedback, compression.max_staleness
-        )
-
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         with self.db.session() as session:
             return queries.upsert_node(
@@ -318,32 +265,8 @@ class Coordinator:
         if self._server is None and self._listen:
             await self.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
-        engine = (fedbuff_engine(self.config.schedule) or RoundEngine)(
-            engine_settings(self.config),
-            self.registry,
-            self.strategy,
-            self._state.models,
-            DatabaseRecorder(
-                self.db,
-                self.store,
-                self.run_id,
-                self.config.storage.keep_checkpoints,
-                clock=self.clock,
-            ),
-            start_round=self.start_round,
-            global_weights=self.weights,
-            server_evaluate=(
-                load_server_evaluate(self.config.evaluation.server)
-                if self.config.evaluation.server
-                else None
-            ),
-            on_round_end=self._on_round_end,
-            upload_plan=self._upload_plan,
-            secure=secure_settings(self.config.secure_aggregation, self.run_id),
-            clock=self.clock,
-            on_round_start=self._on_round_start,
-            on_task=self._on_task,
-            scheduler=self._scheduler(),
+        engine = make_engine(
+            EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
         status, error = "completed", None
@@ -357,6 +280,32 @@ class Coordinator:
             queries.finish_run(session, self.run_id, status, error, now=self.clock.now())
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
+
+    def _engine_parts(self) -> EngineParts:
+        """The engine's parts: this run's registry, strategy, models and observers."""
+        config = self.config
+        recorder = DatabaseRecorder(
+            self.db,
+            self.store,
+            self.run_id,
+            config.storage.keep_checkpoints,
+            clock=self.clock,
+        )
+        return EngineParts(
+            registry=self.registry,
+            strategy=self.strategy,
+            models=self._state.models,
+            observer=Observers([recorder, *self._observers]),
+            start_round=self.start_round,
+            weights=self.weights,
+            clock=self.clock,
+            server_evaluate=(
+                load_server_evaluate(config.evaluation.server) if config.evaluation.server else None
+            ),
+            compression=config.compression,
+            secure=SecureSettings.from_config(config.secure_aggregation, self.run_id),
+            scheduler=self._scheduler(),
+        )
 
     def _scheduler(self) -> Scheduler:
         """Measurements always; deadline-aware selection and adaptive codecs if configured."""
@@ -401,9 +350,7 @@ __all__ = [
     "Coordinator",
     "RunResult",
     "build_strategy",
-    "engine_settings",
     "reap_offline",
-    "secure_settings",
     "shutdown_clients",
     "start_grpc_server",
 ]

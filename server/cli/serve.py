@@ -23,7 +23,8 @@ from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
 from geofl.server.models.loading import UserCodeError
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.observers import RoundEndCallback, RoundObserver
+from geofl.server.rounds.records import RoundRecord
 from geofl.server.simulation import LinkModel
 from geofl.server.simulation.partition import prepare_partitions
 from geofl.server.simulation.preflight import check_simulation
@@ -71,7 +72,7 @@ def round_reporter(
     return report
 
 
-class _ProgressHooks:
+class _ProgressHooks(RoundObserver):
     """Feeds the engine's round and task events to a :class:`SimulationProgress`."""
 
     def __init__(self, progress: SimulationProgress) -> None:
@@ -84,14 +85,14 @@ class _ProgressHooks:
             self._start = now
         return now - self._start
 
-    def round_started(self, number: int) -> None:
+    def round_started(self, number: int, cohort_target: int) -> None:
         self._elapsed()
         self._progress.round_started(number)
 
-    def task_settled(self, task: TaskRecord, outcome: Outcome) -> None:
+    def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         self._progress.task_settled(task.kind, outcome.status)
 
-    def round_finished(self, record: RoundRecord, status: str) -> None:
+    def round_ended(self, record: RoundRecord, status: str) -> None:
         self._progress.round_finished(record, status, self._elapsed())
 
 
@@ -254,15 +255,8 @@ async def _serve(
     hooks: _ProgressHooks | None = None,
     extra: Mapping[str, Scalar] | None = None,
 ) -> tuple[RunResult, list[tuple[str, int]]]:
-    if hooks is None:
-        coordinator = Coordinator(config, on_round_end=round_reporter(config.planned_rounds))
-    else:
-        coordinator = Coordinator(
-            config,
-            on_round_end=hooks.round_finished,
-            on_round_start=hooks.round_started,
-            on_task=hooks.task_settled,
-        )
+    observer = hooks or RoundEndCallback(round_reporter(config.planned_rounds))
+    coordinator = Coordinator(config, observers=[observer])
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
     shaper: ShaperProcess | None = None
     workdir = tempfile.TemporaryDirectory(prefix="geofl-shaper-")
@@ -364,9 +358,7 @@ def _run_virtual(
                 config,
                 trace,
                 extra_node_config=extra,
-                on_round_end=hooks.round_finished,
-                on_round_start=hooks.round_started,
-                on_task=hooks.task_settled,
+                observers=[hooks],
             ),
             loop_factory=VirtualTimeLoop,
         )

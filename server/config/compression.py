@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field, PlainValidator, WithJsonSchema
 
 from geofl.protocols.codecs import Chain, CodecError, chain_to_config, parse_chain
+from geofl.protocols.compression import UploadPlan
 from geofl.server.config.fields import Section
 
 __all__ = ["ChainConfig", "CompressionConfig", "RegionCompression"]
@@ -74,6 +75,13 @@ class CompressionConfig(Section):
         """The upload chain for a client in ``region``."""
         override = self.regions.get(region or "")
         return parse_chain(override.up if override and override.up is not None else self.up)
+
+    def upload_plan(self, region: str | None) -> UploadPlan | None:
+        """How a client in ``region`` compresses its update (None: uncompressed)."""
+        chain = self.up_chain(region)
+        if not chain:
+            return None
+        return UploadPlan(chain, self.min_bytes, self.error_feedback, self.max_staleness)
 
     def down_chain(self, region: str | None) -> Chain:
         """The broadcast chain for a client in ``region``."""

@@ -230,7 +230,7 @@ def _check_instruction(message: Message) -> None:
 
 def _reply(instruction: Message, outcome: Outcome) -> Message:
     """The Flower reply for a settled message: the node's content or an error."""
-    update = outcome.update
+    update = outcome.payload
     if isinstance(update, MessageReply):
         error = error_from_wire(update.content)
         if error is not None:

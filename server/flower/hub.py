@@ -144,7 +144,7 @@ class MessageHub:
         self._pending: dict[str, _Pending] = {}
         self._closed = False
         self._reason = ""
-        registry.on_change = self._nodes_changed
+        registry.changes.subscribe(self._nodes_changed)
 
     # ------------------------------------------------------------ grid calls
 

@@ -24,7 +24,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoFlowerRecordDict
 from geofl.protocols.types import Metrics
 from geofl.server.nodes.outcomes import MessageReply, Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.records import RoundRecord
 from geofl.storage import Database, RoundPhase, RoundStatus, queries
 
 __all__ = ["RoundBook", "reply_metrics", "weighted_summary"]
@@ -66,9 +66,9 @@ def reply_metrics(reply: MessageReply) -> dict[str, int | float]:
 
 def _read_reply(outcome: Outcome, kind: RoundKind) -> None:
     """Fill the outcome's examples, loss and metrics from its reply's MetricRecords."""
-    if outcome.status != "ok" or not isinstance(outcome.update, MessageReply):
+    if outcome.status != "ok" or not isinstance(outcome.payload, MessageReply):
         return
-    values = reply_metrics(outcome.update)
+    values = reply_metrics(outcome.payload)
     counts = [values.pop(key) for key in NUM_EXAMPLES_KEYS if key in values]
     outcome.num_examples = max(0, int(counts[0])) if counts else 0
     loss = next((values[k] for k in _LOSS_KEYS[kind] if k in values), None)

@@ -39,7 +39,7 @@ from geofl.server.flower.recording import RoundBook
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.registry import Registry
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.records import RoundRecord
 from geofl.server.transport import ServerState
 from geofl.storage import Database, open_database, queries
 

@@ -20,6 +20,7 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from geofl.protocols.secagg import RingArray
 from geofl.protocols.types import Scalar, Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 
@@ -42,7 +43,7 @@ class DeltaUpdate:
 class MaskedVector:
     """A fit's masked ring vector under secure aggregation (its weighted update, masked)."""
 
-    vector: npt.NDArray[np.unsignedinteger]
+    vector: RingArray
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights
 from geofl.server.coordinator import (
     reap_offline,
-    secure_settings,
     shutdown_clients,
     start_grpc_server,
 )
@@ -43,7 +42,12 @@ from geofl.server.relay.rounds import (
     local_budget,
     regional_round_config,
 )
-from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine, RoundRecord
+from geofl.server.rounds.factory import make_engine
+from geofl.server.rounds.observers import Observers, RoundObserver
+from geofl.server.rounds.parts import EngineParts
+from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
+from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.sync import SyncEngine
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.strategies import FedAvg
 from geofl.server.transport import ServerState
@@ -198,7 +202,7 @@ class RegionalServer:
         budget = local_budget(_remaining(task), self._config.schedule, rounds)
         recorder = MemoryRecorder()
         settings = self._settings(last, budget, regional_round_config(config), evaluate=False)
-        engine = self._engine(weights, task, settings, recorder, first)
+        engine = make_engine(settings, self._parts(weights, task, settings, recorder, first))
         try:
             await engine.run()
         except NoClientsError as exc:
@@ -216,9 +220,9 @@ class RegionalServer:
         version = self._versions.base(task.model_version)
         budget = local_budget(_remaining(task), self._config.schedule, 1)
         settings = self._settings(version, budget, regional_round_config(config), evaluate=True)
-        engine = self._engine(weights, task, settings, MemoryRecorder(), version + 1)
+        parts = self._parts(weights, task, settings, MemoryRecorder(), version + 1)
         try:
-            record = await engine.evaluate_only(version)
+            record = await SyncEngine(settings, parts).evaluate_only(version)
         except NoClientsError as exc:
             raise self._too_few(exc) from exc
         finally:
@@ -245,30 +249,26 @@ class RegionalServer:
         """The engine's settings for one task; the cohort is everyone unless configured."""
         relay = self._config.relay
         online = len(self.state.registry.online())
-        target = relay.clients_per_round or max(relay.min_clients, online)
-        return EngineSettings(
+        return EngineSettings.regional(
+            self._config.schedule,
             rounds=rounds,
-            clients_per_round=target,
+            cohort=relay.clients_per_round or max(relay.min_clients, online),
             min_clients=relay.min_clients,
-            over_select=self._config.schedule.over_select,
-            deadline_s=budget[0],
-            wait_for_clients_s=budget[1],
-            round_config=config,
-            evaluate_every=1 if evaluate else 0,
-            evaluate_clients=target,
-            evaluate_config=config,
+            budget=budget,
+            config=config,
+            evaluate=evaluate,
             seed=relay.seed,
         )
 
-    def _engine(
+    def _parts(
         self,
         weights: Weights,
         task: UpstreamTask,
         settings: EngineSettings,
         recorder: MemoryRecorder,
         start_round: int,
-    ) -> RoundEngine:
-        """A fresh engine over the region's clients for one task from the coordinator."""
+    ) -> EngineParts:
+        """A fresh engine's parts over the region's clients, for one task from upstream."""
         size = model_bytes(spec_of(weights))
         if size > self._config.server.max_model_bytes:
             raise RegionalError(
@@ -277,20 +277,18 @@ class RegionalServer:
             )
         state = self.state
         state.run_id, state.spec = task.run_id, spec_of(weights)
-        secure = secure_settings(self._config.secure_aggregation, task.run_id)
+        secure = SecureSettings.from_config(self._config.secure_aggregation, task.run_id)
         if secure is not None:  # each stage must fit in the coordinator's deadline too
             secure = replace(
                 secure, stage_deadline_s=min(secure.stage_deadline_s, settings.deadline_s)
             )
-        return RoundEngine(
-            settings,
-            state.registry,
-            FedAvg(),
-            state.models,
-            recorder,
+        return EngineParts(
+            registry=state.registry,
+            strategy=FedAvg(),
+            models=state.models,
+            observer=Observers([recorder, _RegionalLog(self._region)]),
             start_round=start_round,
-            global_weights=weights,
-            on_round_end=self._log_round,
+            weights=weights,
             secure=secure,
             scheduler=self._regional_scheduler(settings, size),
         )
@@ -313,7 +311,14 @@ class RegionalServer:
         self._scheduler.settings = scheduler_settings
         return self._scheduler
 
-    def _log_round(self, record: RoundRecord, status: str) -> None:
+
+class _RegionalLog(RoundObserver):
+    """Logs how each regional round ended."""
+
+    def __init__(self, region: str) -> None:
+        self._region = region
+
+    def round_ended(self, record: RoundRecord, status: str) -> None:
         ok = sum(1 for task, o in record.outcomes if task.kind == "fit" and o.status == "ok")
         log.info(
             "region %s: local round %d %s, %d clients", self._region, record.number, status, ok

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.config import ScheduleConfig
-from geofl.server.rounds.sync import Recorder, RoundRecord
+from geofl.server.rounds.observers import RoundObserver
+from geofl.server.rounds.records import RoundRecord
 
 __all__ = [
     "MIN_UPLOAD_RESERVE_S",
@@ -133,14 +134,16 @@ def local_budget(
 
 
 @dataclass
-class MemoryRecorder(Recorder):
+class MemoryRecorder(RoundObserver):
     """Keeps what a task's regional rounds produced; a relay has no database."""
 
     committed: list[RoundRecord] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     weights: WeightsView | None = None
 
-    async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
+    async def round_committed(
+        self, record: RoundRecord, weights: WeightsView, state: WeightsView
+    ) -> None:
         """Keep the round's record and its model (the next round starts from it)."""
         self.committed.append(record)
         self.weights = weights

@@ -37,15 +37,12 @@ See docs/async.md for the design, the recorded rows and what relays need (nothin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import random
-from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -54,26 +51,21 @@ from geofl.protocols.secagg import SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.server.config import ScheduleConfig
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.outcomes import Outcome, OutcomeStatus
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
-from geofl.server.rounds.secagg import SecAggServer
-from geofl.server.rounds.secure import (
-    keys_from_proto,
-    mean_of_sum,
-    roster_to_proto,
-    round_params,
-    setup_to_proto,
-)
-from geofl.server.rounds.sync import (
+from geofl.server.rounds.evaluation import Evaluation
+from geofl.server.rounds.parts import EngineParts
+from geofl.server.rounds.records import (
+    EngineSettings,
     NoClientsError,
     Phase,
     PhaseClock,
-    RoundEngine,
     RoundFailedError,
     RoundRecord,
 )
+from geofl.server.rounds.secure import SecureRound, round_params
+from geofl.server.rounds.tasks import StageInput, TakeResult, TaskRunner, fold_update, summarise
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
 
 log = logging.getLogger(__name__)
@@ -83,9 +75,7 @@ STALENESS_METRIC = "staleness"
 
 _PAST_DEADLINE = "no result before the task deadline"
 
-_OutcomeStatus = Literal["ok", "failed", "rejected", "late", "dropped"]
-
-__all__ = ["STALENESS_METRIC", "AsyncEngine", "fedbuff_engine", "staleness_discount"]
+__all__ = ["STALENESS_METRIC", "FedBuffEngine", "staleness_discount"]
 
 
 def staleness_discount(staleness: int, config: StalenessConfig) -> float:
@@ -109,16 +99,6 @@ def staleness_discount(staleness: int, config: StalenessConfig) -> float:
     if staleness <= config.hinge_at:
         return 1.0
     return 1.0 / (1.0 + config.exponent * (staleness - config.hinge_at))
-
-
-def fedbuff_engine(schedule: ScheduleConfig) -> Callable[..., AsyncEngine] | None:
-    """:class:`AsyncEngine` bound to ``schedule.fedbuff`` when ``schedule.mode`` is async.
-
-    Called with :class:`RoundEngine`'s arguments; None for the other modes.
-    """
-    if schedule.mode == "async":
-        return partial(AsyncEngine, schedule.fedbuff)
-    return None
 
 
 @dataclass
@@ -149,12 +129,11 @@ class _GroupSum:
     weight: float
 
 
-class AsyncEngine(RoundEngine):
+class FedBuffEngine:
     """FedBuff over the registry; see the module docstring.
 
-    Takes :class:`RoundEngine`'s arguments after ``fedbuff``. Round numbers are model
-    versions: round ``v`` is the buffer that produced version ``v``. The run ends after
-    ``fedbuff.updates`` versions (``settings.rounds`` when null).
+    Round numbers are model versions: round ``v`` is the buffer that produced version
+    ``v``. The run ends after ``fedbuff.updates`` versions (``settings.rounds`` when null).
 
     Raises
     ------
@@ -162,37 +141,52 @@ class AsyncEngine(RoundEngine):
         If secure aggregation is on and a group of ``buffer_size`` clients cannot run it.
     """
 
-    def __init__(self, fedbuff: AsyncConfig, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, settings: EngineSettings, parts: EngineParts, fedbuff: AsyncConfig) -> None:
+        self._cfg = settings
+        self._parts = parts
+        self._clock = parts.clock
+        self._strategy = parts.strategy
+        self._models = parts.models
+        self._observer = parts.observer
+        self._runner = TaskRunner(
+            parts.registry,
+            parts.observer,
+            clock=parts.clock,
+            deadline_s=settings.deadline_s,
+            compression=parts.compression,
+            scheduler=parts.scheduler,
+            on_release=lambda task: self._drop_unused_versions(),
+        )
+        self._evaluation = Evaluation(settings, self._runner, parts.strategy, parts.server_evaluate)
+        self.weights: Weights = parts.weights
         self._fedbuff = fedbuff
-        self._last = fedbuff.updates or self._cfg.rounds
-        self._concurrency = fedbuff.concurrency or self._cfg.clients_per_round
+        start = parts.start_round
+        self._last = fedbuff.updates or settings.rounds
+        self._concurrency = fedbuff.concurrency or settings.clients_per_round
         self._k = fedbuff.buffer_size
-        self._rng = random.Random(self._cfg.seed * 1_000_003 + self._start)
-        self._version = self._start - 1
-        self._record = RoundRecord(self._start)
+        self._rng = random.Random(settings.seed * 1_000_003 + start)
+        self._version = start - 1
+        self._record = RoundRecord(start)
         self._buffer: _Buffer | None = None
         self._fit_config: dict[str, Scalar] = {}
         self._fits: dict[asyncio.Future[Outcome], TaskRecord] = {}
-        self._in_flight: dict[int, TaskRecord] = {}
-        self._holders: Counter[int] = Counter()
         self._bench: set[int] = set()
         self._groups: dict[asyncio.Task[_GroupSum], _Group] = {}
         self._finished_groups: list[asyncio.Task[_GroupSum]] = []
         self._reserved: set[int] = set()
         self._group_ids = itertools.count(1)
-        if self._secure is not None:
+        if parts.secure is not None:
             self._check_secure_groups()
 
     def _check_secure_groups(self) -> None:
-        assert self._secure is not None
+        assert self._parts.secure is not None
         if self._k < 2:
             raise ValueError(
                 "secure aggregation with schedule.mode: async needs "
                 "schedule.fedbuff.buffer_size >= 2: a group's sum of one update reveals it"
             )
         try:
-            round_params(self._secure, 1, list(range(1, self._k + 1)))
+            round_params(self._parts.secure, 1, list(range(1, self._k + 1)))
         except SecAggError as exc:
             raise ValueError(
                 f"secure aggregation cannot run over a buffer of {self._k} clients "
@@ -203,23 +197,26 @@ class AsyncEngine(RoundEngine):
 
     async def run(self) -> None:
         """Versions ``start_round..updates``; :class:`NoClientsError` if clients never come."""
-        await self._models.publish(self._version, self.weights)
+        self._runner.open()
         try:
-            for number in range(self._start, self._last + 1):
+            await self._models.publish(self._version, self.weights)
+            for number in range(self._parts.start_round, self._last + 1):
                 await self._version_round(number)
         finally:
             await self._stop_outstanding("the run stopped", record=False)
+            self._runner.close()
 
     async def _version_round(self, number: int) -> None:
         self._open_round(number)
         await self._build_version(number)
-        if self._scheduler is not None:  # the link estimates after the version, as sync does
-            seen = [e for e in self._scheduler.estimates() if e.last_round == number]
-            self._recorder.measurements(number, seen)
+        scheduler = self._parts.scheduler
+        if scheduler is not None:  # the link estimates after the version, as sync does
+            seen = [e for e in scheduler.estimates() if e.last_round == number]
+            self._observer.measurements(number, seen)
 
     async def _build_version(self, number: int) -> None:
         record = self._record
-        phases = PhaseClock(record, self._recorder, self._clock, ordered=False)
+        phases = PhaseClock(record, self._observer, self._clock, ordered=False)
         phases.enter(Phase.FIT)
         try:
             await self._fill_buffer()
@@ -231,22 +228,21 @@ class AsyncEngine(RoundEngine):
             return
         except NoClientsError as missing:
             phases.stop()
-            self._recorder.round_failed(record, str(missing))
-            self._on_round_end(record, f"failed: {missing}")
+            self._observer.round_failed(record, str(missing))
+            self._observer.round_ended(record, f"failed: {missing}")
             raise
         phases.enter(Phase.BROADCAST)
         await self._advance(number, new_weights)
         phases.enter(Phase.EVALUATE)
         await self._evaluate_version(record, new_weights)
         phases.enter(Phase.COMMIT)
-        await self._recorder.commit(record, new_weights, self._strategy.state())
+        await self._observer.round_committed(record, new_weights, self._strategy.state())
         phases.stop()
-        self._on_round_end(record, "committed")
+        self._observer.round_ended(record, "committed")
 
     def _open_round(self, number: int) -> None:
         self._record = RoundRecord(number)
-        self._recorder.round_started(number, self._k)
-        self._on_round_start(number)
+        self._observer.round_started(number, self._k)
         self._buffer = _Buffer(self._strategy.begin_round(self.weights))
         self._fit_config = self._strategy.configure_fit(number, self._cfg.round_config)
 
@@ -263,8 +259,8 @@ class AsyncEngine(RoundEngine):
         """Nothing applied: the model is republished as the next version (as sync does)."""
         log.warning("version %d failed: %s", record.number, reason)
         await self._advance(record.number, self.weights)
-        self._recorder.round_failed(record, reason)
-        self._on_round_end(record, f"failed: {reason}")
+        self._observer.round_failed(record, reason)
+        self._observer.round_ended(record, f"failed: {reason}")
 
     # ------------------------------------------------------------ filling the buffer
 
@@ -272,8 +268,8 @@ class AsyncEngine(RoundEngine):
         """Keep clients busy until the buffer holds K updates (or one group's sum)."""
         assert self._buffer is not None
         while not self._buffer.complete:
-            self._changed.clear()
-            self._registry.expire()
+            self._runner.forget_changes()
+            self._parts.registry.expire()
             self._start_work()
             if not self._fits and not self._groups:
                 await self._wait_for_clients()
@@ -281,7 +277,7 @@ class AsyncEngine(RoundEngine):
             await self._next_settlement()
 
     def _start_work(self) -> None:
-        if self._secure is None:
+        if self._parts.secure is None:
             self._dispatch_fits()
         else:
             self._start_groups()
@@ -294,7 +290,7 @@ class AsyncEngine(RoundEngine):
         """
         return [
             s
-            for s in self._registry.online()
+            for s in self._parts.registry.online()
             if (s.current is None or s.current.future.done()) and s.node_id not in self._reserved
         ]
 
@@ -308,7 +304,8 @@ class AsyncEngine(RoundEngine):
             return
         candidates = self._candidates()
         for session in self._rng.sample(candidates, min(free, len(candidates))):
-            task = self._assign(session, "fit", self._fit_config, upload=self._plan_upload(session))
+            upload = self._runner.upload_plan(session)
+            task = self._assign(session, "fit", self._fit_config, upload=upload)
             self._fits[task.future] = task
 
     async def _wait_for_clients(self) -> None:
@@ -321,7 +318,7 @@ class AsyncEngine(RoundEngine):
         NoClientsError
             Too few clients within ``wait_for_clients_s``.
         """
-        need = 1 if self._secure is None else self._k
+        need = 1 if self._parts.secure is None else self._k
         deadline = self._clock.monotonic() + self._cfg.wait_for_clients_s
         while len(self._candidates()) < need:
             idle = len(self._idle())
@@ -333,10 +330,9 @@ class AsyncEngine(RoundEngine):
                     f"version {self._record.number}: {idle} idle clients after waiting "
                     f"{self._cfg.wait_for_clients_s:g} s, {need} needed"
                 )
-            self._changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=min(remaining, 1.0))
-            self._registry.expire()
+            self._runner.forget_changes()
+            await self._runner.wait_for_change(min(remaining, 1.0))
+            self._parts.registry.expire()
 
     def _stuck_reason(self, idle: int) -> str:
         assert self._buffer is not None
@@ -348,7 +344,7 @@ class AsyncEngine(RoundEngine):
 
     async def _next_settlement(self) -> None:
         """Wait for a task or group to settle (or the registry to change); take it in."""
-        changed = asyncio.ensure_future(self._changed.wait())
+        changed = self._runner.change_waiter()
         waiters: set[asyncio.Future[Any]] = {changed, *self._fits, *self._groups}
         try:
             await asyncio.wait(
@@ -386,7 +382,7 @@ class AsyncEngine(RoundEngine):
 
     async def _arrival(self, task: TaskRecord) -> None:
         del self._fits[task.future]
-        outcome = self._settled(task)
+        outcome = self._runner.take(task)
         if outcome.status == "ok":
             outcome = await self._admit(task, outcome)
         self._note(task, outcome)
@@ -398,16 +394,14 @@ class AsyncEngine(RoundEngine):
         staleness = self._version - task.model_version
         outcome.metrics = {**outcome.metrics, STALENESS_METRIC: staleness}
         if staleness > self._fedbuff.staleness.max:
-            outcome.update.close()
-            outcome.update = None
-            outcome.status, outcome.reason = "late", self._too_stale(staleness)
+            outcome.refuse("late", self._too_stale(staleness))
             return outcome
         discount = staleness_discount(staleness, self._fedbuff.staleness)
 
         def fold(update: WeightsView, weight: float) -> None:
             buffer.accumulator.add(update, weight * discount)
 
-        outcome = await self._fold(fold, outcome)
+        outcome = await fold_update(outcome, fold)
         if outcome.status == "ok":
             buffer.weight += float(outcome.num_examples)
             buffer.results.append(outcome)
@@ -426,7 +420,7 @@ class AsyncEngine(RoundEngine):
         """The strategy's step from the discounted buffer (see the module docstring)."""
         assert self._buffer is not None
         buffer, record = self._buffer, self._record
-        record.train_loss, record.fit_metrics = self._summarise(buffer.results)
+        record.train_loss, record.fit_metrics = summarise(self._strategy, buffer.results)
         try:
             await asyncio.to_thread(self._add_discount_remainder, buffer)
             mean = await asyncio.to_thread(buffer.accumulator.mean)
@@ -459,8 +453,8 @@ class AsyncEngine(RoundEngine):
         if not scheduled and record.number != self._last:
             return
         if scheduled and self._cfg.evaluate_clients:
-            await self._evaluate_on_clients(record, self._idle())
-        await self._evaluate_on_server(record, weights)
+            await self._evaluation.on_clients(record, self._idle())
+        await self._evaluation.on_server(record, weights)
 
     # ------------------------------------------------------------ tasks
 
@@ -481,43 +475,31 @@ class AsyncEngine(RoundEngine):
         key agreement binds); ``server_round`` in the config stays the version's.
         """
         number = self._version + 1
-        task = self._registry.assign(
+        return self._runner.assign(
             session,
             kind,
             number if round_id is None else round_id,
             self._version,
-            {**config, "server_round": number},
-            self._clock.time() + (deadline_s or self._cfg.deadline_s),
+            config,
+            self._runner.deadline(deadline_s),
+            server_round=number,
             upload=upload,
             secagg=secagg,
         )
-        self._in_flight[task.task_id] = task
-        self._holders[task.model_version] += 1
-        return task
-
-    def _settled(self, task: TaskRecord) -> Outcome:
-        """A settled task's outcome; its model version may be dropped now."""
-        self._in_flight.pop(task.task_id, None)
-        self._holders[task.model_version] -= 1
-        self._drop_unused_versions()
-        return task.future.result()
 
     def _note(self, task: TaskRecord, outcome: Outcome) -> None:
         """Record a settled task in the round being built; failures sit out the version."""
-        self._record.outcomes.append((task, outcome))
-        self._recorder.participation(self._record.number, task, outcome)
-        if self._scheduler is not None:
-            self._scheduler.observe(task, outcome)
-        self._on_task(task, outcome)
+        self._runner.record(self._record, task, outcome)
         if outcome.status in ("failed", "rejected", "dropped"):
             self._bench.add(task.node_id)
 
     def _drop_unused_versions(self) -> None:
-        for version, holders in list(self._holders.items()):
-            if holders <= 0 and version != self._version:
-                del self._holders[version]
+        holders = self._runner.holders
+        for version, count in list(holders.items()):
+            if count <= 0 and version != self._version:
+                del holders[version]
                 self._models.drop(version)
-        if self._version - 1 not in self._holders:
+        if self._version - 1 not in holders:
             self._models.drop(self._version - 1)
 
     async def _stop_outstanding(self, reason: str, *, record: bool = True) -> None:
@@ -529,26 +511,18 @@ class AsyncEngine(RoundEngine):
         self._groups.clear()
         self._finished_groups.clear()
         self._reserved.clear()
-        for task in list(self._in_flight.values()):
+        for task in list(self._runner.in_flight.values()):
             task.settle(Outcome("dropped", reason))
-            outcome = self._settled(task)
-            self._discard(outcome, reason)
+            outcome = self._runner.take(task)
+            _discard(outcome, reason)
             if record:
                 self._note(task, outcome)
         for _, group in groups:
             for task, outcome in group.fits:
-                self._discard(outcome, reason)
+                _discard(outcome, reason)
                 if record:
                     self._note(task, outcome)
         self._fits.clear()
-
-    def _discard(self, outcome: Outcome, reason: str) -> None:
-        """An unused good result: free its spooled update and mark it dropped."""
-        if outcome.status == "ok":
-            if hasattr(outcome.update, "close"):  # a spool; a masked vector is an array
-                outcome.update.close()
-            outcome.update = None
-            outcome.status, outcome.reason = "dropped", reason
 
     # ------------------------------------------------------------ secure groups
 
@@ -566,140 +540,49 @@ class AsyncEngine(RoundEngine):
 
     async def _secure_group(self, group: _Group) -> _GroupSum:
         """SecAgg+ among the group: only the sum of its members' updates is unmasked."""
-        assert self._secure is not None
-        settings = self._secure
-        params = round_params(settings, group.round_id, [s.node_id for s in group.members])
-        server = SecAggServer(params)
-        setup = setup_to_proto(params, settings)
-        by_id = {s.node_id: s for s in group.members}
-        await self._group_stage(
-            group,
-            group.members,
-            "advertise",
-            lambda s: pb.SecAggTask(setup=setup),
-            lambda node, result: server.add_keys(node, keys_from_proto(result.keys)),
+        assert self._parts.secure is not None
+        stage_deadline_s = self._parts.secure.stage_deadline_s
+        secure = SecureRound(
+            self._parts.secure, group.round_id, group.members, spec_of(self.weights)
         )
-        rosters = server.close_advertise()
-        await self._group_stage(
-            group,
-            [by_id[n] for n in rosters],
-            "share",
-            lambda s: pb.SecAggTask(setup=setup, roster=roster_to_proto(rosters[s.node_id])),
-            lambda node, result: server.add_shares(node, dict(result.shares)),
-        )
-        inboxes = server.close_sharing()
-        await self._group_fit(group, [by_id[n] for n in inboxes], server, setup, inboxes)
-        survivors, dropped = server.close_masking()
-        reveal = pb.SecAggTask(setup=setup, survivors=sorted(survivors), dropped=sorted(dropped))
-        await self._group_stage(
-            group,
-            [by_id[n] for n in sorted(survivors)],
-            "unmask",
-            lambda s: reveal,
-            lambda node, result: server.add_reveal(node, dict(result.revealed)),
-        )
-        total = await asyncio.to_thread(server.finish)
-        mean, weight = mean_of_sum(total, spec_of(self.weights), setup)
+
+        async def stage(
+            sessions: Sequence[NodeSession],
+            kind: TaskKindName,
+            inputs: StageInput,
+            take: TakeResult,
+        ) -> None:
+            tasks = [
+                self._assign(
+                    s,
+                    kind,
+                    {},
+                    round_id=group.round_id,
+                    secagg=inputs(s),
+                    deadline_s=stage_deadline_s,
+                )
+                for s in sessions
+            ]
+            await self._runner.settle(tasks, self._note, take_ok=take, late_reason=_PAST_DEADLINE)
+
+        async def masked_fit(
+            sessions: Sequence[NodeSession],
+            kind: TaskKindName,
+            inputs: StageInput,
+            take: TakeResult,
+        ) -> None:
+            group.version = self._version  # the members train on the current version
+            config = self._strategy.configure_fit(self._version + 1, self._cfg.round_config)
+            tasks = [
+                self._assign(s, "fit", config, round_id=group.round_id, secagg=inputs(s))
+                for s in sessions
+            ]
+            await self._runner.settle(
+                tasks, self._note, take_ok=take, late_reason=_PAST_DEADLINE, keep_ok=group.fits
+            )
+
+        mean, weight = await secure.run(stage, masked_fit)
         return _GroupSum(mean, weight)
-
-    async def _group_stage(
-        self,
-        group: _Group,
-        sessions: Sequence[NodeSession],
-        kind: TaskKindName,
-        make_input: Callable[[NodeSession], pb.SecAggTask],
-        accept: Callable[[int, pb.SecAggResult], None],
-    ) -> None:
-        """Hand every member one stage task; feed each result to ``accept``."""
-        assert self._secure is not None
-
-        async def take(task: TaskRecord, outcome: Outcome) -> Outcome:
-            try:
-                if outcome.secagg is None:
-                    raise SecAggError(f"{kind} result without secure-aggregation content")
-                accept(task.node_id, outcome.secagg)
-            except SecAggError as rejected:
-                outcome.status, outcome.reason = "rejected", str(rejected)
-            outcome.secagg = None
-            return outcome
-
-        tasks = [
-            self._assign(
-                s,
-                kind,
-                {},
-                round_id=group.round_id,
-                secagg=make_input(s),
-                deadline_s=self._secure.stage_deadline_s,
-            )
-            for s in sessions
-        ]
-        await self._settle_all(tasks, take)
-
-    async def _group_fit(
-        self,
-        group: _Group,
-        members: Sequence[NodeSession],
-        server: SecAggServer,
-        setup: pb.SecAggSetup,
-        inboxes: dict[int, dict[int, bytes]],
-    ) -> None:
-        """The members train on the current version and upload masked updates."""
-        group.version = self._version
-        config = self._strategy.configure_fit(self._version + 1, self._cfg.round_config)
-
-        async def take(task: TaskRecord, outcome: Outcome) -> Outcome:
-            vector, outcome.update = outcome.update, None
-            try:
-                await asyncio.to_thread(server.add_masked, task.node_id, vector)
-            except SecAggError as rejected:
-                outcome.status, outcome.reason = "rejected", str(rejected)
-            return outcome
-
-        tasks = [
-            self._assign(
-                s,
-                "fit",
-                config,
-                round_id=group.round_id,
-                secagg=pb.SecAggTask(setup=setup, inbox=inboxes[s.node_id]),
-            )
-            for s in members
-        ]
-        await self._settle_all(tasks, take, keep_ok=group.fits)
-
-    async def _settle_all(
-        self,
-        tasks: Sequence[TaskRecord],
-        on_ok: Callable[[TaskRecord, Outcome], Awaitable[Outcome]],
-        keep_ok: list[tuple[TaskRecord, Outcome]] | None = None,
-    ) -> None:
-        """Settle every task (result, failure or deadline), recording each as it settles.
-
-        Good results go to ``keep_ok`` unrecorded when it is given (a group's fits are
-        recorded once the group's staleness is known).
-        """
-        deadline = max((t.deadline for t in tasks), default=self._clock.time())
-        pending = {t.future: t for t in tasks}
-        while pending:
-            done, _ = await asyncio.wait(
-                pending,
-                timeout=max(deadline - self._clock.time(), 0.0),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if not done:
-                for task in pending.values():
-                    task.settle(Outcome("late", _PAST_DEADLINE))
-                continue
-            for future in done:
-                task = pending.pop(future)
-                outcome = self._settled(task)
-                if outcome.status == "ok":
-                    outcome = await on_ok(task, outcome)
-                if outcome.status == "ok" and keep_ok is not None:
-                    keep_ok.append((task, outcome))
-                else:
-                    self._note(task, outcome)
 
     async def _group_finished(self, work: asyncio.Task[_GroupSum]) -> None:
         """A group is done: its sum becomes the buffer, or it is recorded and replaced."""
@@ -725,7 +608,7 @@ class AsyncEngine(RoundEngine):
         self._record_group(group, staleness, "ok", None)
 
     def _record_group(
-        self, group: _Group, staleness: int | None, status: _OutcomeStatus, reason: str | None
+        self, group: _Group, staleness: int | None, status: OutcomeStatus, reason: str | None
     ) -> None:
         """Record the group's accepted fits once the fate of its sum is known."""
         for task, outcome in group.fits:
@@ -734,3 +617,9 @@ class AsyncEngine(RoundEngine):
             outcome.status, outcome.reason = status, reason
             self._note(task, outcome)
         group.fits.clear()
+
+
+def _discard(outcome: Outcome, reason: str) -> None:
+    """An unused good result: free what it holds and mark it dropped."""
+    if outcome.status == "ok":
+        outcome.refuse("dropped", reason)

@@ -9,7 +9,7 @@ before a display reports it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from geofl.protocols.types import WeightsView
@@ -39,7 +39,14 @@ class RoundObserver:
         """The round produced ``weights`` (and the strategy's ``state``); persist it here."""
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
-        """The round failed; nothing was applied."""
+        """The round failed; nothing was applied (persist the failure here)."""
+
+    def round_ended(self, record: RoundRecord, status: str) -> None:
+        """The round is over: ``status`` is ``"committed"`` or ``"failed: <reason>"``.
+
+        Called after :meth:`round_committed` or :meth:`round_failed` has returned for
+        every observer: what displays and reports listen to.
+        """
 
     def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
         """The scheduler's plan for round ``number``: predictions per client, any fallback."""
@@ -80,6 +87,10 @@ class Observers(RoundObserver):
         for observer in self._observers:
             observer.round_failed(record, reason)
 
+    def round_ended(self, record: RoundRecord, status: str) -> None:
+        for observer in self._observers:
+            observer.round_ended(record, status)
+
     def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
         for observer in self._observers:
             observer.plan(number, message, data)
@@ -89,4 +100,14 @@ class Observers(RoundObserver):
             observer.measurements(number, estimates)
 
 
-__all__ = ["Observers", "RoundObserver"]
+class RoundEndCallback(RoundObserver):
+    """An observer of one event: ``callback(record, status)`` when each round ends."""
+
+    def __init__(self, callback: Callable[[RoundRecord, str], None]) -> None:
+        self._callback = callback
+
+    def round_ended(self, record: RoundRecord, status: str) -> None:
+        self._callback(record, status)
+
+
+__all__ = ["Observers", "RoundEndCallback", "RoundObserver"]

@@ -1,4 +1,4 @@
-"""The engine's persistence: rounds, participations and checkpoints in the database."""
+"""The engines' persistence: an observer writing rounds, participations and checkpoints."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from geofl.protocols.types import WeightsView
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.server.rounds.sync import Phase, Recorder, RoundRecord
+from geofl.server.rounds.observers import RoundObserver
+from geofl.server.rounds.records import Phase, RoundRecord
 from geofl.server.scheduling.measurements import LinkEstimate
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 
@@ -22,7 +23,7 @@ def _utc(unix_s: float | None) -> dt.datetime | None:
     return None if unix_s is None else dt.datetime.fromtimestamp(unix_s, dt.UTC)
 
 
-class DatabaseRecorder(Recorder):
+class DatabaseRecorder(RoundObserver):
     """Writes what the engine does; the commit is one transaction."""
 
     def __init__(
@@ -63,7 +64,7 @@ class DatabaseRecorder(Recorder):
                 seconds_in_previous_phase=seconds_in_previous,
             )
 
-    def participation(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+    def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         finished = _utc(task.settled_at) or self._clock.now()
         started = _utc(task.started_at or task.issued_at)
         values = queries.participation_values(
@@ -94,7 +95,9 @@ class DatabaseRecorder(Recorder):
         for round_id, rows in by_round.items():
             queries.record_participations(session, round_id, rows)
 
-    async def commit(self, record: RoundRecord, weights: WeightsView, state: WeightsView) -> None:
+    async def round_committed(
+        self, record: RoundRecord, weights: WeightsView, state: WeightsView
+    ) -> None:
         checkpoint = await asyncio.to_thread(
             self._store.save, self._run_id, record.number, weights, state
         )

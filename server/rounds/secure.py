@@ -1,31 +1,55 @@
-"""What a secure round needs besides the engine: its parameters and the wire forms.
+"""The SecAgg+ stage driver, written once for synchronous rounds and FedBuff groups.
 
-The engine drives the SecAgg+ stages (advertise -> share -> masked fit -> unmask) with the
-same task machinery as plain rounds; this module chooses each round's parameters
-(neighbourhood degree, threshold, a fresh graph seed) and converts between the protocol's
-dataclasses and their protobuf messages. The cryptography lives in
-:mod:`geofl.protocols.secagg` and the server's bookkeeping in :mod:`geofl.server.rounds.secagg`.
+:class:`SecureRound` runs the stages among one cohort::
+
+    ADVERTISE -> SHARE -> masked fit (BROADCAST, FIT) -> UNMASK -> the survivors' sum
+
+with the engine's own task machinery: the engine says how a stage's tasks are handed out
+and settled (:class:`StageTasks`), and the driver feeds every result to the server's
+bookkeeping (:class:`geofl.server.rounds.secagg.SecAggServer`), rejecting a node whose stage
+input is malformed as a bad update is rejected in a plain round. A stage that leaves fewer
+clients than the threshold raises :class:`SecAggAbortError`. This module also chooses each
+round's parameters (neighbourhood degree, threshold, a fresh graph seed) and converts
+between the protocol's dataclasses and their protobuf messages; the cryptography lives in
+:mod:`geofl.protocols.secagg`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols.secagg import PublicKeys, SecAggParams, graph_degree, recommended_degree
+from geofl.protocols.secagg import (
+    PublicKeys,
+    SecAggError,
+    SecAggParams,
+    graph_degree,
+    recommended_degree,
+)
 from geofl.protocols.shared_lowrank import projection_of
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.server.nodes.outcomes import MaskedVector, Outcome, StageResult
+from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
+from geofl.server.rounds.records import Phase
+from geofl.server.rounds.secagg import SecAggServer
+from geofl.server.rounds.tasks import StageInput, TakeResult
+
+if TYPE_CHECKING:
+    from geofl.server.config import SecureAggregationConfig
 
 __all__ = [
+    "SecureRound",
     "SecureSettings",
+    "StageTasks",
     "keys_from_proto",
     "keys_to_proto",
     "mean_of_sum",
@@ -48,6 +72,141 @@ class SecureSettings:
     stage_deadline_s: float
     low_rank: int = 0
     low_rank_min_elements: int = 0
+
+    @classmethod
+    def from_config(cls, secure: SecureAggregationConfig, run_id: int) -> SecureSettings | None:
+        """The section's settings, bound to ``run_id`` (None: plain rounds)."""
+        if not secure.enabled:
+            return None
+        return cls(
+            run_id=run_id,
+            degree=secure.degree,
+            threshold=secure.threshold,
+            clip=secure.clip,
+            ring_bits=secure.ring_bits,
+            max_examples=secure.max_examples,
+            stage_deadline_s=secure.stage_deadline_s,
+            low_rank=secure.low_rank.rank if secure.low_rank else 0,
+            low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
+        )
+
+
+class StageTasks(Protocol):
+    """How an engine hands one stage's tasks to ``sessions`` and settles them.
+
+    Every good result passes through ``take`` (which feeds it to the SecAgg+ server);
+    the engine records each task as its machinery does.
+    """
+
+    async def __call__(
+        self,
+        sessions: Sequence[NodeSession],
+        kind: TaskKindName,
+        inputs: StageInput,
+        take: TakeResult,
+    ) -> None:
+        """Run the stage's tasks to their end."""
+
+
+class SecureRound:
+    """SecAgg+ among one cohort: only the survivors' sum is ever unmasked.
+
+    Raises
+    ------
+    SecAggError
+        From the constructor, if the cohort cannot run it (too small to share secrets).
+    """
+
+    def __init__(
+        self,
+        settings: SecureSettings,
+        round_id: int,
+        cohort: Sequence[NodeSession],
+        spec: ModelSpec,
+    ) -> None:
+        self.params = round_params(settings, round_id, [s.node_id for s in cohort])
+        self.setup = setup_to_proto(self.params, settings)
+        self._server = SecAggServer(self.params)
+        self._cohort = list(cohort)
+        self._by_id = {s.node_id: s for s in cohort}
+        self._spec = spec
+
+    async def run(
+        self,
+        stage: StageTasks,
+        masked_fit: StageTasks,
+        enter: Callable[[Phase], None] = lambda phase: None,
+    ) -> tuple[Weights, float]:
+        """The stages in order; the survivors' mean update and its total weight.
+
+        ``masked_fit`` hands out the fit tasks (the engine's broadcast and fit); ``enter``
+        hears of the secure phases (a synchronous round's phase clock).
+
+        Raises
+        ------
+        SecAggAbortError
+            If a stage leaves fewer clients than the threshold.
+        """
+        server, setup, by_id = self._server, self.setup, self._by_id
+        enter(Phase.ADVERTISE)
+        await stage(
+            self._cohort,
+            "advertise",
+            lambda s: pb.SecAggTask(setup=setup),
+            _stage_take("advertise", lambda n, r: server.add_keys(n, keys_from_proto(r.keys))),
+        )
+        rosters = server.close_advertise()
+        enter(Phase.SHARE)
+        await stage(
+            [by_id[n] for n in rosters],
+            "share",
+            lambda s: pb.SecAggTask(setup=setup, roster=roster_to_proto(rosters[s.node_id])),
+            _stage_take("share", lambda n, r: server.add_shares(n, dict(r.shares))),
+        )
+        inboxes = server.close_sharing()
+        await masked_fit(
+            [by_id[n] for n in inboxes],
+            "fit",
+            lambda s: pb.SecAggTask(setup=setup, inbox=inboxes[s.node_id]),
+            self._take_masked,
+        )
+        survivors, dropped = server.close_masking()
+        enter(Phase.UNMASK)
+        reveal = pb.SecAggTask(setup=setup, survivors=sorted(survivors), dropped=sorted(dropped))
+        await stage(
+            [by_id[n] for n in sorted(survivors)],
+            "unmask",
+            lambda s: reveal,
+            _stage_take("unmask", lambda n, r: server.add_reveal(n, dict(r.revealed))),
+        )
+        total = await asyncio.to_thread(server.finish)
+        return mean_of_sum(total, self._spec, setup)
+
+    async def _take_masked(self, task: TaskRecord, outcome: Outcome) -> Outcome:
+        payload, outcome.payload = outcome.payload, None
+        try:
+            if not isinstance(payload, MaskedVector):
+                raise SecAggError("a masked fit result without its masked vector")
+            await asyncio.to_thread(self._server.add_masked, task.node_id, payload.vector)
+        except SecAggError as rejected:
+            outcome.status, outcome.reason = "rejected", str(rejected)
+        return outcome
+
+
+def _stage_take(kind: str, accept: Callable[[int, pb.SecAggResult], None]) -> TakeResult:
+    """Feed a stage result to ``accept``; a malformed one rejects its node."""
+
+    async def take(task: TaskRecord, outcome: Outcome) -> Outcome:
+        payload, outcome.payload = outcome.payload, None
+        try:
+            if not isinstance(payload, StageResult):
+                raise SecAggError(f"{kind} result without secure-aggregation content")
+            accept(task.node_id, payload.result)
+        except SecAggError as rejected:
+            outcome.status, outcome.reason = "rejected", str(rejected)
+        return outcome
+
+    return take
 
 
 def round_params(settings: SecureSettings, number: int, cohort: list[int]) -> SecAggParams:

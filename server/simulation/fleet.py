@@ -41,7 +41,7 @@ from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
@@ -201,8 +201,7 @@ class VirtualFleet:
         for link, (name, region), node_id in zip(self._links, names, node_ids, strict=True):
             self._registry.add(node_id, name, region, {"partition-id": link.client})
             self._identities[node_id] = ClientIdentity(link.client, node_id, name, region)
-        self._registry.presence = self._present
-        self._registry.on_assign = self._take
+        self._registry.attach(self)
 
     def _region(self, link: ClientLink) -> str | None:
         return None if link.region == "default" else link.region
@@ -211,7 +210,8 @@ class VirtualFleet:
         """Simulated seconds since the fleet joined (availability traces' time base)."""
         return self._clock.monotonic() - self._start
 
-    def _present(self, session: NodeSession) -> bool:
+    def is_present(self, session: NodeSession) -> bool:
+        """Whether the client is online now (its availability trace; always without one)."""
         if self._traces is None:
             return True
         index = self._position[self._identities[session.node_id].index]
@@ -226,7 +226,8 @@ class VirtualFleet:
 
     # ------------------------------------------------------------ tasks
 
-    def _take(self, session: NodeSession, task: TaskRecord) -> None:
+    def deliver(self, session: NodeSession, task: TaskRecord) -> None:
+        """Serve ``task`` on the simulated clock (fit and evaluate; other kinds fail)."""
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"virtual clients cannot run {task.kind} tasks"))
             return
@@ -360,7 +361,7 @@ class VirtualFleet:
             num_examples=result.num_examples,
             loss=result.loss,
             metrics=result.metrics,
-            update=update,
+            payload=DeltaUpdate(update, update.close),
             compute_s=compute_s,
             bytes_up=result.payload_bytes,
             bytes_up_raw=raw,

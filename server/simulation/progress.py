@@ -16,7 +16,7 @@ from typing import Literal
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.records import RoundRecord
 from geofl.server.simulation.summary import metric_value
 
 __all__ = ["ClockLabel", "SimulationProgress", "round_line"]

@@ -38,7 +38,7 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import CompressionConfig, RunConfig, ScheduleConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.relay.rounds import (
     MemoryRecorder,
@@ -46,7 +46,10 @@ from geofl.server.relay.rounds import (
     VersionPlan,
     regional_round_config,
 )
-from geofl.server.rounds.sync import EngineSettings, NoClientsError, RoundEngine
+from geofl.server.rounds.factory import make_engine
+from geofl.server.rounds.parts import EngineParts
+from geofl.server.rounds.records import EngineSettings, NoClientsError
+from geofl.server.rounds.sync import SyncEngine
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.fleet import FleetStats, InFlight, VirtualFleet, VirtualUpdate
@@ -236,11 +239,14 @@ class VirtualRelays:
         for region, (name, _), node_id in zip(self._pending, names, join_nodes(names), strict=True):
             self._registry.add(node_id, name, region.name, {"relay": True})
             self._regions[node_id] = region
-        # Simulated relays never drop out (they send no heartbeats to keep them alive).
-        self._registry.presence = lambda session: True
-        self._registry.on_assign = self._take
+        self._registry.attach(self)
 
-    def _take(self, session: NodeSession, task: TaskRecord) -> None:
+    def is_present(self, session: NodeSession) -> bool:
+        """Always: simulated relays never drop out (they send no heartbeats to stay alive)."""
+        return True
+
+    def deliver(self, session: NodeSession, task: TaskRecord) -> None:
+        """Serve a fit or evaluate task with the region's clients; other kinds fail."""
         region = self._regions[session.node_id]
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"simulated relays cannot run {task.kind} tasks"))
@@ -288,16 +294,9 @@ class VirtualRelays:
         recorder = MemoryRecorder()
         first, last = region.versions.rounds(task.model_version)
         region.scheduler.settings = self._scheduler_settings(deadline_s, region.cohort)
-        engine = RoundEngine(
+        engine = make_engine(
             self._engine_settings(region, last, deadline_s, wait_s, task.config),
-            region.registry,
-            FedAvg(),
-            region.models,
-            recorder,
-            start_round=first,
-            global_weights=weights,
-            clock=self._clock,
-            scheduler=region.scheduler,
+            self._regional_parts(region, recorder, first, weights, region.scheduler),
         )
         try:
             await engine.run()
@@ -318,7 +317,7 @@ class VirtualRelays:
             num_examples=result.num_examples,
             loss=float(loss) if isinstance(loss, int | float) else None,
             metrics=dict(result.metrics),
-            update=update,
+            payload=DeltaUpdate(update, update.close),
             bytes_up=nbytes,
             bytes_up_raw=nbytes,
         )
@@ -334,15 +333,8 @@ class VirtualRelays:
         settings = self._engine_settings(
             region, version, deadline_s, wait_s, task.config, evaluate=True
         )
-        engine = RoundEngine(
-            settings,
-            region.registry,
-            FedAvg(),
-            region.models,
-            MemoryRecorder(),
-            start_round=version + 1,
-            global_weights=weights,
-            clock=self._clock,
+        engine = SyncEngine(
+            settings, self._regional_parts(region, MemoryRecorder(), version + 1, weights)
         )
         try:
             record = await engine.evaluate_only(version)
@@ -388,19 +380,35 @@ class VirtualRelays:
         *,
         evaluate: bool = False,
     ) -> EngineSettings:
-        round_config = regional_round_config(config)
-        return EngineSettings(
+        return EngineSettings.regional(
+            self._config.schedule,
             rounds=last,
-            clients_per_round=region.cohort,
+            cohort=region.cohort,
             min_clients=min(self._config.simulation.relay.min_clients, region.cohort),
-            over_select=self._config.schedule.over_select,
-            deadline_s=deadline_s,
-            wait_for_clients_s=wait_s,
-            round_config=round_config,
-            evaluate_every=1 if evaluate else 0,
-            evaluate_clients=region.cohort,
-            evaluate_config=round_config,
+            budget=(deadline_s, wait_s),
+            config=regional_round_config(config),
+            evaluate=evaluate,
             seed=self._config.run.seed,
+        )
+
+    def _regional_parts(
+        self,
+        region: _Region,
+        recorder: MemoryRecorder,
+        start_round: int,
+        weights: Weights,
+        scheduler: Scheduler | None = None,
+    ) -> EngineParts:
+        """A regional engine's parts: the region's clients, FedAvg, the relay's memory."""
+        return EngineParts(
+            registry=region.registry,
+            strategy=FedAvg(),
+            models=region.models,
+            observer=recorder,
+            start_round=start_round,
+            weights=weights,
+            clock=self._clock,
+            scheduler=scheduler,
         )
 
 

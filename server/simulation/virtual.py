@@ -23,9 +23,7 @@ from geofl.protocols.types import Scalar
 from geofl.server.config import ConfigError, ConfigProblem, RunConfig
 from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.nodes.clock import LoopClock
-from geofl.server.nodes.outcomes import Outcome
-from geofl.server.nodes.registry import TaskRecord
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.observers import RoundObserver
 from geofl.server.simulation.backends import make_backend
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel
@@ -86,25 +84,17 @@ async def simulate_virtual(
     config: RunConfig,
     traces: TraceSet | None = None,
     *,
-    on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    observers: Sequence[RoundObserver] = (),
     on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
-    on_round_start: Callable[[int], None] = lambda number: None,
-    on_task: Callable[[TaskRecord, Outcome], None] = lambda task, outcome: None,
     extra_node_config: Mapping[str, Scalar] | None = None,
 ) -> VirtualRun:
     """Run ``config`` with virtual clients on the running (virtual-time) loop.
 
+    ``observers`` hear of every round (after the database recorder);
     ``extra_node_config`` (e.g. the simulator's partition file) is added to every client's.
     """
     clock = LoopClock(asyncio.get_running_loop())
-    coordinator = Coordinator(
-        config,
-        on_round_end=on_round_end,
-        clock=clock,
-        listen=False,
-        on_round_start=on_round_start,
-        on_task=on_task,
-    )
+    coordinator = Coordinator(config, observers=observers, clock=clock, listen=False)
     links, per_client = client_links(config, traces)
     simulation = config.simulation
     setup = WorkerSetup(
@@ -159,7 +149,7 @@ def run_virtual_simulation(
     config: RunConfig,
     traces: TraceSet | None = None,
     *,
-    on_round_end: Callable[[RoundRecord, str], None] = lambda r, s: None,
+    observers: Sequence[RoundObserver] = (),
     on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
 ) -> VirtualRun:
     """:func:`simulate_virtual` on a fresh virtual-time event loop.
@@ -185,7 +175,7 @@ def run_virtual_simulation(
             simulate_virtual(
                 config,
                 traces,
-                on_round_end=on_round_end,
+                observers=observers,
                 on_start=on_start,
                 extra_node_config=plan.node_config if plan is not None else None,
             )

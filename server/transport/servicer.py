@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import grpc
 
@@ -23,6 +24,7 @@ from geofl.protocols.errors import (
     TensorError,
     TruncatedStreamError,
 )
+from geofl.protocols.secagg import RingArray
 from geofl.protocols.shared_lowrank import vector_length
 from geofl.protocols.tensors import (
     MASKED_TENSOR,
@@ -36,7 +38,13 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
 from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
-from geofl.server.nodes.outcomes import MessageReply, Outcome
+from geofl.server.nodes.outcomes import (
+    DeltaUpdate,
+    MaskedVector,
+    MessageReply,
+    Outcome,
+    StageResult,
+)
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -332,7 +340,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if task.kind in ("advertise", "share", "unmask"):
             if header.update_kind != pb.UPDATE_KIND_NONE or not header.HasField("secagg"):
                 raise ProtocolError(f"a {task.kind} result carries a SecAggResult and no tensors")
-            return Outcome("ok", secagg=header.secagg, compute_s=header.compute_s or None)
+            return Outcome(
+                "ok", payload=StageResult(header.secagg), compute_s=header.compute_s or None
+            )
         if task.kind == "evaluate":
             if header.update_kind != pb.UPDATE_KIND_NONE:
                 raise ProtocolError("an evaluation result carries no tensors")
@@ -353,12 +363,13 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except BaseException:
             sink.discard()
             raise
+        update = sink.update()
         return Outcome(
             "ok",
             num_examples=int(header.num_examples),
             loss=loss,
             metrics=metrics,
-            update=sink.update(),
+            payload=DeltaUpdate(update, update.close),
             compute_s=header.compute_s or None,
             bytes_up=received,
             bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
@@ -396,7 +407,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         if outcome.status != "ok":
             sink.discard()
             return outcome
-        outcome.update = sink.update()
+        update = sink.update()
+        outcome.payload = DeltaUpdate(update, update.close)
         outcome.bytes_up = received
         outcome.bytes_up_raw = received - assembler.payload_bytes + assembler.total_bytes
         return outcome
@@ -418,7 +430,8 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             num_examples=int(header.num_examples),
             loss=header.loss,
             metrics=serde.scalar_map(header.metrics),
-            update=sink.weights[MASKED_TENSOR],
+            # The assembler checked its dtype against the ring's (uint16 or uint32).
+            payload=MaskedVector(cast(RingArray, sink.weights[MASKED_TENSOR])),
             compute_s=header.compute_s or None,
             bytes_up=received,
             bytes_up_raw=received,
@@ -432,7 +445,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("the reply to a message task must carry UploadHeader.flower")
         reply = MessageReply(header.flower, {})
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
-            return Outcome("failed", header.error or "client error", update=reply)
+            return Outcome("failed", header.error or "client error", payload=reply)
         if header.status != pb.RESULT_STATUS_OK:
             raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
         if header.update_kind not in (pb.UPDATE_KIND_FULL, pb.UPDATE_KIND_NONE):
@@ -448,7 +461,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         received = await _drain(assembler, messages)
         return Outcome(
             "ok",
-            update=MessageReply(header.flower, sink.weights),
+            payload=MessageReply(header.flower, sink.weights),
             compute_s=header.compute_s or None,
             bytes_up=received,
             bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,

@@ -27,12 +27,13 @@ from geofl.client.runtime import ClientRuntime
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config import ConfigError, RunConfig, parse_config
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.coordinator import engine_settings
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.registry import Registry
-from geofl.server.rounds.fedbuff import STALENESS_METRIC, AsyncEngine, staleness_discount
+from geofl.server.rounds.fedbuff import STALENESS_METRIC, FedBuffEngine, staleness_discount
+from geofl.server.rounds.observers import RoundEndCallback, RoundObserver
+from geofl.server.rounds.parts import EngineParts
+from geofl.server.rounds.records import EngineSettings
 from geofl.server.rounds.secure import SecureSettings
-from geofl.server.rounds.sync import Recorder
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.server.strategies import make_strategy
@@ -207,16 +208,18 @@ def test_secure_groups_of_one_client_are_refused(tmp_path: Path) -> None:
         stage_deadline_s=10,
     )
     with pytest.raises(ValueError, match="buffer_size >= 2"):
-        AsyncEngine(
+        FedBuffEngine(
+            EngineSettings.from_config(config),
+            EngineParts(
+                registry=Registry(0.5),
+                strategy=make_strategy("fedavg"),
+                models=ModelStore(),
+                observer=RoundObserver(),
+                start_round=1,
+                weights={"w": np.zeros(3, np.float32)},
+                secure=secure,
+            ),
             AsyncConfig(buffer_size=1),
-            engine_settings(config),
-            Registry(0.5),
-            make_strategy("fedavg"),
-            ModelStore(),
-            Recorder(),
-            start_round=1,
-            global_weights={"w": np.zeros(3, np.float32)},
-            secure=secure,
         )
 
 
@@ -374,7 +377,7 @@ def test_a_coordinator_that_died_resumes_after_its_last_committed_version(
             raise _KilledError
 
     with pytest.raises(_KilledError):
-        run_virtual_simulation(config, on_round_end=die_after_two)
+        run_virtual_simulation(config, observers=[RoundEndCallback(die_after_two)])
     assert [r.status for r in _detail(config).rounds] == ["committed", "committed"]
     outcome = run_virtual_simulation(config)
     assert outcome.result.status == "completed" and outcome.result.resumed_from == 2

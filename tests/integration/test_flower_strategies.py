@@ -19,7 +19,8 @@ import pytest
 
 from geofl.server.config import RunConfig, load_config
 from geofl.server.coordinator import Coordinator
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.observers import RoundEndCallback
+from geofl.server.rounds.records import RoundRecord
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 from .conftest import ServerHandle
@@ -148,7 +149,7 @@ def test_flower_fedadam_moments_survive_a_coordinator_restart(tmp_path: Path, se
     thread.start()
 
     async def first_life() -> None:
-        coordinator = Coordinator(config, on_round_end=_crash_after_round_one)
+        coordinator = Coordinator(config, observers=[RoundEndCallback(_crash_after_round_one)])
         try:
             await coordinator.run()
         finally:

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from geofl.server.config import ConfigError, parse_config
-from geofl.server.coordinator import build_strategy, round_config
+from geofl.server.coordinator import build_strategy
+from geofl.server.rounds.records import round_config
 from geofl.server.strategies import make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 

@@ -22,7 +22,7 @@ from geofl.server.relay import (
     load_relay_config,
     local_budget,
 )
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.records import RoundRecord
 
 REQUIRED = [
     flag_override("--region", "relay.region", "eu"),
@@ -153,9 +153,9 @@ def test_the_result_counts_each_contributing_client_once() -> None:
     async def regional_rounds() -> MemoryRecorder:
         recorder = MemoryRecorder()
         weights = {"w": np.ones(2, np.float32)}
-        await recorder.commit(_record(1, {1: 10, 2: 20}), weights, {})
+        await recorder.round_committed(_record(1, {1: 10, 2: 20}), weights, {})
         last = _record(2, {2: 20, 3: 30}, train_loss=0.5, fit_metrics={"accuracy": 0.9})
-        await recorder.commit(last, weights, {})
+        await recorder.round_committed(last, weights, {})
         return recorder
 
     result = asyncio.run(regional_rounds()).result()
@@ -176,7 +176,7 @@ def test_a_relay_selects_its_clients_with_the_runs_policy_and_keeps_its_measurem
     from dataclasses import replace
 
     from geofl.server.relay import RegionalServer
-    from geofl.server.rounds.sync import EngineSettings
+    from geofl.server.rounds.records import EngineSettings
 
     config = load_relay_config(
         flags=[*REQUIRED, flag_override("--set", "schedule.selection.policy", "deadline")]

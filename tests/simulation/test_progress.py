@@ -13,7 +13,7 @@ from rich.console import Console
 from geofl.protocols.types import Metrics
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import TaskKindName, TaskRecord
-from geofl.server.rounds.sync import RoundRecord
+from geofl.server.rounds.records import RoundRecord
 from geofl.server.simulation.progress import SimulationProgress, round_line
 
 
