@@ -36,6 +36,7 @@ from geofl.server.flower.app_dir import (
 from geofl.server.flower.config import FlowerRunConfig, load_flower_config
 from geofl.server.flower.errors import FlowerAppError
 from geofl.server.flower.runner import FlowerCoordinator
+from geofl.server.rounds.observers import RoundEndCallback
 from geofl.storage import StorageUnavailableError
 
 __all__ = ["client_command", "run_flower"]
@@ -98,7 +99,7 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
         server_app,
         plan.run_config,
         plan.settings,
-        on_round_end=round_reporter(rounds if isinstance(rounds, int) else None),
+        observers=[RoundEndCallback(round_reporter(rounds if isinstance(rounds, int) else None))],
     )
     clients: list[subprocess.Popen[bytes]] = []
     watcher: asyncio.Task[None] | None = None

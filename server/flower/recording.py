@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Literal
 
 from flwr.app import MetricRecord
@@ -24,6 +24,7 @@ from flwr.proto.recorddict_pb2 import RecordDict as ProtoFlowerRecordDict
 from geofl.protocols.types import Metrics
 from geofl.server.nodes.outcomes import MessageReply, Outcome
 from geofl.server.nodes.registry import TaskRecord
+from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import RoundRecord
 from geofl.storage import Database, RoundPhase, RoundStatus, queries
 
@@ -109,11 +110,11 @@ class RoundBook:
         self,
         db: Database,
         run_id: int,
-        on_round_end: Callable[[RoundRecord, str], None] = lambda record, status: None,
+        observer: RoundObserver | None = None,
     ) -> None:
         self._db = db
         self._run_id = run_id
-        self._on_round_end = on_round_end
+        self._observer = observer or RoundObserver()
         self._round_ids: dict[int, int] = {}
         self._current: RoundRecord | None = None
         self._outcomes: dict[RoundKind, list[Outcome]] = {"fit": [], "evaluate": []}
@@ -219,4 +220,4 @@ class RoundBook:
                 )
             else:
                 queries.fail_round(session, round_id, error, status=RoundStatus.FAILED)
-        self._on_round_end(record, "committed" if error is None else f"failed: {error}")
+        self._observer.round_ended(record, "committed" if error is None else f"failed: {error}")

@@ -18,7 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -39,7 +39,7 @@ from geofl.server.flower.recording import RoundBook
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.registry import Registry
-from geofl.server.rounds.records import RoundRecord
+from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.transport import ServerState
 from geofl.storage import Database, open_database, queries
 
@@ -65,8 +65,8 @@ class FlowerCoordinator:
         and every client's.
     settings
         geofl's settings (storage, server, simulation).
-    on_round_end
-        Called with each round's record when it is committed or failed.
+    observers
+        Hear of each round's end (``round_ended``) when it is committed or failed.
     """
 
     def __init__(
@@ -76,13 +76,13 @@ class FlowerCoordinator:
         run_config: Mapping[str, ConfigValue],
         settings: FlowerRunConfig,
         *,
-        on_round_end: Callable[[RoundRecord, str], None] = lambda record, status: None,
+        observers: Sequence[RoundObserver] = (),
     ) -> None:
         self.app = app
         self.settings = settings
         self.run_config = dict(run_config)
         self._server_app = server_app
-        self._on_round_end = on_round_end
+        self._observers = Observers(observers)
         self.run_name = settings.run.name or _run_name(app.name)
         self.db: Database = open_database(settings.storage.url)
         self.registry = Registry(settings.server.heartbeat_interval_s)
@@ -157,7 +157,7 @@ class FlowerCoordinator:
         if self._server is None:
             await self.start()
         loop = asyncio.get_running_loop()
-        rounds = RoundBook(self.db, self.run_id, self._on_round_end)
+        rounds = RoundBook(self.db, self.run_id, self._observers)
         hub = self._hub = MessageHub(self.registry, self._state.models, rounds)
         aborted = self._aborted = asyncio.Event()
         done: asyncio.Future[None] = loop.create_future()
