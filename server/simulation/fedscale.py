@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from geofl.server.simulation.traces import (
+from geofl.server.simulation.trace_format import (
     BEHAVIOUR_FIELDS,
     CAPACITY_FIELDS,
     FORMAT,

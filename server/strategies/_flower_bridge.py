@@ -37,15 +37,15 @@ from flwr.supercore.task_identity import TaskIdentity
 from pydantic import TypeAdapter, ValidationError
 
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
-from geofl.server.strategies._flower_state import WRAPPED
-from geofl.server.strategies._numeric import blocks, flat, to_dtype
-from geofl.server.strategies.errors import StrategyError
-from geofl.server.strategies.flower import (
+from geofl.server.strategies._flower_names import (
     FLOWER_STRATEGIES,
     FLOWER_WRAPPERS,
     SAMPLING_ARGS,
     FlowerConfigError,
 )
+from geofl.server.strategies._flower_state import WRAPPED
+from geofl.server.strategies._numeric import blocks, flat, to_dtype
+from geofl.server.strategies.errors import StrategyError
 
 __all__ = [
     "CohortGrid",

@@ -51,10 +51,15 @@ import importlib
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
+from geofl.server.strategies._flower_names import (
+    FLOWER_STRATEGIES,
+    FLOWER_WRAPPERS,
+    SAMPLING_ARGS,
+    FlowerConfigError,
+)
 from geofl.server.strategies._flower_replies import FlowerAggregate, FlowerReplies, common_metrics
 from geofl.server.strategies._flower_state import Snapshot, StateSlots, restore, snapshot
 from geofl.server.strategies.base import Strategy
@@ -76,59 +81,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Flower's differential-privacy wrappers: they take the strategy they wrap (``wraps``).
-FLOWER_WRAPPERS = frozenset(
-    {
-        "DifferentialPrivacyServerSideFixedClipping",
-        "DifferentialPrivacyClientSideFixedClipping",
-        "DifferentialPrivacyServerSideAdaptiveClipping",
-        "DifferentialPrivacyClientSideAdaptiveClipping",
-    }
-)
-#: Class names from ``flwr.serverapp.strategy`` a run may name under ``strategy.flower``.
-FLOWER_STRATEGIES: tuple[str, ...] = (
-    "FedAvg",
-    "FedAvgM",
-    "FedProx",
-    "FedAdagrad",
-    "FedAdam",
-    "FedYogi",
-    "FedMedian",
-    "FedTrimmedAvg",
-    "Krum",
-    "MultiKrum",
-    "Bulyan",
-    "QFedAvg",
-    *sorted(FLOWER_WRAPPERS),
-)
-#: Flower's cohort-sampling arguments, refused, with the geofl settings that replace them.
-SAMPLING_ARGS: Mapping[str, str] = MappingProxyType(
-    {
-        "fraction_train": "strategy.clients_per_round (times schedule.over_select)",
-        "min_train_nodes": "strategy.min_clients",
-        "min_available_nodes": "strategy.min_clients",
-        "fraction_evaluate": "evaluation.clients (evaluation.every: 0 turns it off)",
-        "min_evaluate_nodes": "evaluation.clients",
-    }
-)
 _INSTALL_HINT = "pip install 'flwr>=1.42,<1.43'"
-
-
-class FlowerConfigError(ValueError):
-    """A Flower strategy's configuration is wrong.
-
-    Attributes
-    ----------
-    path
-        Key path below the ``strategy`` section, e.g. ``("args", "eta")``.
-    message
-        What is wrong there.
-    """
-
-    def __init__(self, path: tuple[str, ...], message: str) -> None:
-        super().__init__(f"{'.'.join(path)}: {message}" if path else message)
-        self.path = path
-        self.message = message
 
 
 def _import_bridge() -> None:
