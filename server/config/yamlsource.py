@@ -34,6 +34,18 @@ _Loader.add_implicit_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, _FLOAT_FIRST_CHARS)
 _Dumper.add_implicit_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, _FLOAT_FIRST_CHARS)
 
 
+def _one_line_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    """Strings with line breaks double-quoted (``\\n`` escapes), so a value stays one line.
+
+    PyYAML would otherwise fold them into a single-quoted scalar over several lines.
+    """
+    style = '"' if any(c in value for c in "\n\r") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _one_line_str)
+
+
 def _yaml_problem(
     source: str, exc: yaml.YAMLError, what: str, *, with_line: bool = True
 ) -> ConfigProblem:
