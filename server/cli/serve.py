@@ -3,7 +3,7 @@
 The simulation itself, its checks and its processes, lives in :mod:`geofl.server.simulation`
 (:mod:`~geofl.server.simulation.launcher` for the wall clock,
 :mod:`~geofl.server.simulation.virtual` for the virtual one); Flower apps are handed to
-:mod:`geofl.server.flower.cli`, which imports ``flwr`` only when one is run.
+:mod:`geofl.server.cli.flower`, which imports ``flwr`` only when one is run.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run_serve(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if getattr(args, "flower_app", None) is not None:
-        from geofl.server.flower.cli import run_flower  # imports flwr: only for Flower apps
+        from geofl.server.cli.flower import run_flower  # imports flwr: only for Flower apps
 
         return run_flower(args)
     if args.config is None:
