@@ -13,11 +13,10 @@ import logging
 import os
 from dataclasses import dataclass
 
-from geofl.server.cli.exit_codes import ExitCode
+from geofl.server.cli.exit_codes import ExitCode, exit_code_for
 from geofl.server.cli.reporting import console, fail, report_run, round_reporter
 from geofl.server.cli.signals import run_until_signal
-from geofl.server.config import ConfigError
-from geofl.server.coordinator import AddressInUseError, RunResult
+from geofl.server.coordinator import RunResult
 from geofl.server.flower.app_dir import (
     ConfigValue,
     FlowerApp,
@@ -31,7 +30,6 @@ from geofl.server.flower.errors import FlowerAppError
 from geofl.server.flower.runner import FlowerCoordinator
 from geofl.server.simulation.commands import simulated_client_command
 from geofl.server.simulation.processes import ProcessGroup
-from geofl.storage import StorageUnavailableError
 
 __all__ = ["client_command", "run_flower"]
 
@@ -134,16 +132,25 @@ def run_flower(args: argparse.Namespace) -> int:
     simulate = args.command == "simulate"
     try:
         plan = _plan(args, simulate)
-    except (ConfigError, FlowerAppError) as exc:
+    except FlowerAppError as exc:  # the app directory, --run-config or the client count
         return fail(ExitCode.USAGE, str(exc))
+    except BaseException as exc:  # exit_code_for re-raises what has no exit code
+        return fail(*_failure(exc))
     try:
         outcome = run_until_signal(lambda: _serve(plan, simulate))
-    except FlowerAppError as exc:
-        return fail(ExitCode.USER_CODE, str(exc))
-    except StorageUnavailableError as exc:
-        return fail(ExitCode.STORAGE_UNAVAILABLE, str(exc))
-    except AddressInUseError as exc:
-        return fail(ExitCode.ADDRESS_IN_USE, str(exc))
-    except KeyboardInterrupt:
-        return fail(ExitCode.INTERRUPTED, "interrupted; a Flower app's run cannot be resumed")
+    except BaseException as exc:
+        return fail(*_failure(exc))
     return report_run(*outcome)
+
+
+def _failure(exc: BaseException) -> tuple[ExitCode, str]:
+    """The exit code of ``exc`` (see :func:`exit_code_for`) and the message to print.
+
+    Only a :class:`FlowerAppError` raised while reading the app, before it runs, is a usage
+    error instead (:func:`run_flower` catches it itself): once the ServerApp runs, it is the
+    app's code failing.
+    """
+    code = exit_code_for(exc)
+    if code is ExitCode.INTERRUPTED:
+        return code, "interrupted; a Flower app's run cannot be resumed"
+    return code, str(exc)

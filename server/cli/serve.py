@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from geofl.protocols.types import Scalar
-from geofl.server.cli.exit_codes import ExitCode
+from geofl.server.cli.exit_codes import ExitCode, exit_code_for
 from geofl.server.cli.reporting import (
     ProgressHooks,
     console,
@@ -26,15 +26,13 @@ from geofl.server.cli.reporting import (
     simulation_progress,
 )
 from geofl.server.cli.signals import run_until_signal
-from geofl.server.config import ConfigError, RunConfig, load_config
-from geofl.server.coordinator import AddressInUseError, Coordinator, RunResult
-from geofl.server.models.loading import UserCodeError
+from geofl.server.config import RunConfig, load_config
+from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.simulation.checks import check_simulate
 from geofl.server.simulation.launcher import prepare_split, wall_clock_simulation
 from geofl.server.simulation.traces import TraceSet
 from geofl.server.simulation.virtual import simulate_virtual
 from geofl.server.simulation.virtual_loop import VirtualTimeLoop
-from geofl.storage import StorageUnavailableError
 
 __all__ = ["run_serve"]
 
@@ -62,16 +60,9 @@ def run_serve(args: argparse.Namespace) -> int:
         return fail(ExitCode.USAGE, "--run-config and --federation need --flower-app DIR")
     try:
         result, codes = _run(args)
-    except ConfigError as exc:
-        return fail(ExitCode.USAGE, str(exc))
-    except StorageUnavailableError as exc:
-        return fail(ExitCode.STORAGE_UNAVAILABLE, str(exc))
-    except AddressInUseError as exc:
-        return fail(ExitCode.ADDRESS_IN_USE, str(exc))
-    except UserCodeError as exc:
-        return fail(ExitCode.USER_CODE, str(exc))
-    except KeyboardInterrupt:
-        return fail(ExitCode.INTERRUPTED, _INTERRUPTED)
+    except BaseException as exc:  # exit_code_for re-raises what has no exit code
+        code = exit_code_for(exc)
+        return fail(code, _INTERRUPTED if code is ExitCode.INTERRUPTED else str(exc))
     return report_run(result, codes)
 
 
