@@ -1,8 +1,14 @@
-"""Exit codes of the ``geofl`` program (documented in ``geofl --help``)."""
+"""Exit codes of the ``geofl`` program (documented in ``geofl --help``), and the one
+mapping from the exceptions a command lets through to the code it exits with.
+
+Nothing is imported at the top beyond the standard library: ``geofl --help`` and
+``geofl client`` import this module, and must stay cheap (and work without Flower).
+"""
 
 from __future__ import annotations
 
 import enum
+import sys
 
 
 class ExitCode(enum.IntEnum):
@@ -31,6 +37,20 @@ HELP: dict[ExitCode, str] = {
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM); a server's run stays resumable",
 }
 
+#: (defining module, class name, code), most specific class first. Classes are named, not
+#: imported: a class whose module was never imported has no instances to map, and importing
+#: them here would load Flower (optional) and the configuration models on every error.
+CODES: tuple[tuple[str, str, ExitCode], ...] = (
+    ("builtins", "KeyboardInterrupt", ExitCode.INTERRUPTED),
+    ("geofl.server.config.errors", "ConfigError", ExitCode.USAGE),
+    ("geofl.storage.errors", "StorageUnavailableError", ExitCode.STORAGE_UNAVAILABLE),
+    ("geofl.server.coordinator", "AddressInUseError", ExitCode.ADDRESS_IN_USE),
+    ("geofl.server.models.loading", "UserCodeError", ExitCode.USER_CODE),
+    ("geofl.server.flower.errors", "FlowerAppError", ExitCode.USER_CODE),
+    ("geofl.client.runtime", "GaveUpError", ExitCode.SERVER_UNREACHABLE),
+)
+_GEOFL_ERROR = ("geofl.protocols.errors", "GeoflError")
+
 
 def epilog() -> str:
     """The exit-code table shown by ``geofl --help``."""
@@ -39,4 +59,42 @@ def epilog() -> str:
     return "\n".join(lines)
 
 
-__all__ = ["HELP", "ExitCode", "epilog"]
+def _loaded_class(module: str, name: str) -> type[BaseException] | None:
+    """The class ``module.name`` if its module is imported (else it has no instances)."""
+    found = sys.modules.get(module)
+    if found is None:
+        return None
+    cls: type[BaseException] = getattr(found, name)
+    return cls
+
+
+def _geofl_error_code(exc: BaseException) -> ExitCode | None:
+    """Any other :class:`GeoflError`: a protocol disagreement, or else a failed run."""
+    geofl_error = _loaded_class(*_GEOFL_ERROR)
+    if geofl_error is None or not isinstance(exc, geofl_error):
+        return None
+    protocol = sys.modules[_GEOFL_ERROR[0]].ErrorCode.PROTOCOL_VERSION
+    return ExitCode.PROTOCOL if getattr(exc, "code", None) is protocol else ExitCode.RUN_FAILED
+
+
+def exit_code_for(exc: BaseException) -> ExitCode:
+    """The code a command exits with when ``exc`` ends it (``geofl server``, ``simulate``,
+    ``relay`` and their Flower variants all use this one mapping).
+
+    Raises
+    ------
+    BaseException
+        ``exc`` itself when no code fits: an unexpected error keeps its traceback (and the
+        interpreter's exit status 1) instead of being reduced to a one-line message.
+    """
+    for module, name, code in CODES:
+        cls = _loaded_class(module, name)
+        if cls is not None and isinstance(exc, cls):
+            return code
+    fallback = _geofl_error_code(exc)
+    if fallback is None:
+        raise exc
+    return fallback
+
+
+__all__ = ["CODES", "HELP", "ExitCode", "epilog", "exit_code_for"]

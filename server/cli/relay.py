@@ -91,11 +91,8 @@ def run_relay(args: argparse.Namespace) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s relay %(name)s: %(message)s",
     )
-    from geofl.client.runtime import GaveUpError
-    from geofl.protocols.errors import ErrorCode, GeoflError
-    from geofl.server.cli.exit_codes import ExitCode
+    from geofl.server.cli.exit_codes import ExitCode, exit_code_for
     from geofl.server.config import ConfigError
-    from geofl.server.coordinator import AddressInUseError
     from geofl.server.relay import Relay, load_relay_config
 
     try:
@@ -109,17 +106,11 @@ def run_relay(args: argparse.Namespace) -> int:
             f"coordinator {config.upstream.address}"
         )
         relay.run()
-    except ConfigError as exc:
-        return _fail(ExitCode.USAGE, _with_flags(exc))
-    except AddressInUseError as exc:
-        return _fail(ExitCode.ADDRESS_IN_USE, str(exc))
-    except GaveUpError as exc:
-        return _fail(ExitCode.SERVER_UNREACHABLE, str(exc))
-    except KeyboardInterrupt:
-        return _fail(ExitCode.INTERRUPTED, "interrupted")
-    except GeoflError as exc:
-        code = ExitCode.PROTOCOL if exc.code is ErrorCode.PROTOCOL_VERSION else ExitCode.RUN_FAILED
-        return _fail(code, str(exc))
+    except BaseException as exc:  # exit_code_for re-raises what has no exit code
+        code = exit_code_for(exc)
+        if code is ExitCode.INTERRUPTED:
+            return _fail(code, "interrupted")
+        return _fail(code, _with_flags(exc) if isinstance(exc, ConfigError) else str(exc))
     _say("run over")
     return int(ExitCode.OK)
 

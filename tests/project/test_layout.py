@@ -85,3 +85,19 @@ def test_import_checker_catches_a_violation(tmp_path: Path) -> None:
     bad.write_text("from geofl.server.rounds.sync import RoundEngine\n")
     assert "geofl.server.rounds.sync" in _imports(bad)
     assert "geofl.server" not in ALLOWED["geofl.client"]
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_only_the_command_line_imports_the_command_line() -> None:
+    """``geofl.server.cli`` is the top of the server: nothing below imports it back."""
+    offenders = [
+        f"{_module_of(path)} imports {name}"
+        for path in _sources()
+        if not _in(_module_of(path), "geofl.server.cli")
+        for name in _imports(path)
+        if _in(name, "geofl.server.cli")
+    ]
+    assert offenders == []

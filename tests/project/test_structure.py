@@ -61,9 +61,6 @@ PACKAGE = "geofl.server"
 # a module behind which ``flwr``/``ray`` is imported, so that they are imported only when
 # used.
 ALLOWED_LAZY_EDGES: dict[tuple[str, str], str] = {
-    # ``geofl server --flower-app`` hands over to the Flower front end, which reuses
-    # serve's console and signal helpers (flower/cli.py:19).
-    ("geofl.server.cli.serve", "geofl.server.flower.cli"): "flwr only for Flower apps",
     # ``make_backend("ray")``; ray_backend subclasses backends.Backend.
     ("geofl.server.simulation.backends", "geofl.server.simulation.ray_backend"): "ray",
 }

@@ -11,20 +11,12 @@ import argparse
 import asyncio
 import logging
 import os
-import subprocess
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.cli.serve import (
-    console,
-    round_reporter,
-    run_until_signal,
-    simulated_client_command,
-    wait_for_exit,
-)
-from geofl.server.config import ConfigError
-from geofl.server.coordinator import AddressInUseError, RunResult
+from geofl.server.cli.exit_codes import ExitCode, exit_code_for
+from geofl.server.cli.reporting import console, fail, report_run, round_reporter
+from geofl.server.cli.signals import run_until_signal
+from geofl.server.coordinator import RunResult
 from geofl.server.flower.app_dir import (
     ConfigValue,
     FlowerApp,
@@ -37,7 +29,8 @@ from geofl.server.flower.config import FlowerRunConfig, load_flower_config
 from geofl.server.flower.errors import FlowerAppError
 from geofl.server.flower.runner import FlowerCoordinator
 from geofl.server.rounds.observers import RoundEndCallback
-from geofl.storage import StorageUnavailableError
+from geofl.server.simulation.commands import simulated_client_command
+from geofl.server.simulation.processes import ProcessGroup
 
 __all__ = ["client_command", "run_flower"]
 
@@ -76,14 +69,12 @@ def _client_env(app: FlowerApp) -> dict[str, str]:
     return env
 
 
-async def _watch(
-    coordinator: FlowerCoordinator, clients: Sequence[subprocess.Popen[bytes]]
-) -> None:
+async def _watch(coordinator: FlowerCoordinator, clients: ProcessGroup) -> None:
     """Fail the run if every client process died: the ServerApp would wait for them forever."""
     while True:
         await asyncio.sleep(_WATCH_S)
-        codes = [process.poll() for process in clients]
-        if clients and all(code is not None for code in codes):
+        codes = clients.poll()
+        if codes and all(code is not None for code in codes):
             coordinator.abort(
                 f"every client process exited before the ServerApp finished (exit codes {codes}); "
                 "see their output above"
@@ -91,7 +82,7 @@ async def _watch(
             return
 
 
-async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
+async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[tuple[str, int]]]:
     server_app = load_server_app(plan.app)
     rounds = plan.run_config.get("num-server-rounds")
     coordinator = FlowerCoordinator(
@@ -101,7 +92,7 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
         plan.settings,
         observers=[RoundEndCallback(round_reporter(rounds if isinstance(rounds, int) else None))],
     )
-    clients: list[subprocess.Popen[bytes]] = []
+    clients = ProcessGroup()
     watcher: asyncio.Task[None] | None = None
     try:
         port = await coordinator.start()
@@ -111,30 +102,18 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
         )
         if simulate:
             env = _client_env(plan.app)
-            clients = [
-                subprocess.Popen(client_command(plan, port, i), env=env)
-                for i in range(plan.clients)
-            ]
+            for i in range(plan.clients):
+                clients.start(f"client {i}", client_command(plan, port, i), env)
             watcher = asyncio.create_task(_watch(coordinator, clients))
         result = await coordinator.run()
         if watcher is not None:
             watcher.cancel()
-        codes = [await asyncio.to_thread(wait_for_exit, p) for p in clients]
-        return result, codes
+        return result, await clients.exit_codes()
     finally:
         if watcher is not None:
             watcher.cancel()
-        for process in clients:
-            if process.poll() is None:
-                process.terminate()
-                await asyncio.to_thread(wait_for_exit, process)
+        await clients.stop()
         await coordinator.stop()
-
-
-def _run_until_signal(plan: _Plan, simulate: bool) -> tuple[RunResult, list[int]]:
-    """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt)."""
-
-    return run_until_signal(lambda: _serve(plan, simulate))
 
 
 def _plan(args: argparse.Namespace, simulate: bool) -> _Plan:
@@ -154,36 +133,25 @@ def run_flower(args: argparse.Namespace) -> int:
     simulate = args.command == "simulate"
     try:
         plan = _plan(args, simulate)
-    except (ConfigError, FlowerAppError) as exc:
-        return _fail(ExitCode.USAGE, str(exc))
+    except FlowerAppError as exc:  # the app directory, --run-config or the client count
+        return fail(ExitCode.USAGE, str(exc))
+    except BaseException as exc:  # exit_code_for re-raises what has no exit code
+        return fail(*_failure(exc))
     try:
-        result, codes = _run_until_signal(plan, simulate)
-    except FlowerAppError as exc:
-        return _fail(ExitCode.USER_CODE, str(exc))
-    except StorageUnavailableError as exc:
-        return _fail(ExitCode.STORAGE_UNAVAILABLE, str(exc))
-    except AddressInUseError as exc:
-        return _fail(ExitCode.ADDRESS_IN_USE, str(exc))
-    except KeyboardInterrupt:
-        return _fail(ExitCode.INTERRUPTED, "interrupted; a Flower app's run cannot be resumed")
-    return _report(result, codes)
+        outcome = run_until_signal(lambda: _serve(plan, simulate))
+    except BaseException as exc:
+        return fail(*_failure(exc))
+    return report_run(*outcome)
 
 
-def _report(result: RunResult, codes: Sequence[int]) -> int:
-    if result.status != "completed":
-        return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} failed: {result.error}")
-    bad = [(i, c) for i, c in enumerate(codes) if c != 0]
-    if bad:
-        listed = ", ".join(f"client {i} exited {c}" for i, c in bad)
-        return _fail(ExitCode.RUN_FAILED, f"run {result.run_id} completed but {listed}")
-    console.print(
-        f"geofl: run {result.run_id} completed; see "
-        f"`geofl runs show {result.run_id} --db {result.db_url}`",
-        markup=False,
-    )
-    return int(ExitCode.OK)
+def _failure(exc: BaseException) -> tuple[ExitCode, str]:
+    """The exit code of ``exc`` (see :func:`exit_code_for`) and the message to print.
 
-
-def _fail(code: ExitCode, message: str) -> int:
-    console.print(f"geofl: error: {message}", markup=False)
-    return int(code)
+    Only a :class:`FlowerAppError` raised while reading the app, before it runs, is a usage
+    error instead (:func:`run_flower` catches it itself): once the ServerApp runs, it is the
+    app's code failing.
+    """
+    code = exit_code_for(exc)
+    if code is ExitCode.INTERRUPTED:
+        return code, "interrupted; a Flower app's run cannot be resumed"
+    return code, str(exc)

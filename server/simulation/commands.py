@@ -1,0 +1,89 @@
+"""Command lines of the processes a wall-clock simulation starts: clients and relays.
+
+Each is the ``geofl`` command a user would type on another machine, pointed at loopback,
+so a simulation runs exactly the code a deployment runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+
+from geofl.protocols.types import Scalar
+from geofl.server.config import RunConfig
+
+__all__ = ["client_command", "relay_command", "simulated_client_command"]
+
+#: How long a simulated client or relay keeps reconnecting before it gives up.
+_RECONNECT_FOR_S = "60"
+
+
+def client_command(
+    config: RunConfig,
+    port: int,
+    index: int,
+    region: str | None = None,
+    extra: Mapping[str, Scalar] | None = None,
+) -> list[str]:
+    """Command line of simulated client ``index`` (connecting to ``port``, in ``region``).
+
+    ``extra`` node config (e.g. the simulator's partition file) is added to every client's.
+    """
+    sim = config.simulation
+    node_config = {**sim.node_config, **(extra or {})}
+    return simulated_client_command(str(sim.app), port, index, sim.clients, node_config, region)
+
+
+def simulated_client_command(
+    app: str,
+    port: int,
+    index: int,
+    clients: int,
+    node_config: Mapping[str, object],
+    region: str | None = None,
+) -> list[str]:
+    """``geofl client`` for partition ``index`` of ``clients``, running ``app``."""
+    node_config = {**node_config, "partition-id": index, "num-partitions": clients}
+    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
+    return [
+        sys.executable,
+        "-m",
+        "geofl.client",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--app",
+        app,
+        "--name",
+        f"sim-{index}",
+        "--reconnect-for",
+        _RECONNECT_FOR_S,
+        *(["--region", region] if region else []),
+        "--node-config",
+        *pairs,
+    ]
+
+
+def relay_command(
+    config: RunConfig, port: int, region: str, listen: int, clients: int
+) -> list[str]:
+    """Command line of the simulated relay of ``region``: ``clients`` connect on ``listen``."""
+    return [
+        sys.executable,
+        "-m",
+        "geofl.server.cli.main",
+        "relay",
+        "--server",
+        f"127.0.0.1:{port}",
+        "--region",
+        region,
+        "--listen",
+        f"127.0.0.1:{listen}",
+        "--clients-per-round",
+        str(max(clients, 1)),
+        "--wait-for-clients",
+        f"{config.schedule.wait_for_clients_s:g}",
+        "--reconnect-for",
+        _RECONNECT_FOR_S,
+        "--set",
+        f"server.heartbeat_interval_s={config.server.heartbeat_interval_s:g}",
+    ]
