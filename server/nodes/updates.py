@@ -109,9 +109,9 @@ def check_held(tensors: Mapping[str, HeldTensor], check: TensorCheck) -> None:
     for name, item in tensors.items():
         spec = TensorSpec(name, item.dtype, item.shape)
         payload = TensorSpec(name, "uint8", (len(item.payload),)) if item.chain else spec
-        check.begin(spec, payload)
-        if not item.chain and len(item.payload) != spec.nbytes:
+        if payload is spec and len(item.payload) != spec.nbytes:
             raise ProtocolError(f"tensor {name!r}: {len(item.payload)} of {spec.nbytes} bytes sent")
+        check.begin(spec, payload)
         check.values(payload, item.payload)
     check.finish()
 
