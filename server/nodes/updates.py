@@ -13,6 +13,9 @@ apply the rules here, so a rule, and the reason a refusal gives, cannot drift ap
 * raw floating-point values are finite (E106);
 * no tensor of the model is missing (E104: the sender stopped early).
 
+A streamed tensor's codec chain is parsed against the codec registry by the assembler, with
+the stream's other wire checks (E104); a simulated client's chain is the server's own plan.
+
 Compressed tensors are decoded, and their values checked, by the codec when they are read
 (:func:`geofl.protocols.codecs.decode_tensor`); checking them here would cost a decode
 pass on every upload.
