@@ -19,13 +19,8 @@ import numpy.typing as npt
 
 from geofl.protocols import serde
 from geofl.protocols.codecs import Chain, decode_tensor
-from geofl.protocols.errors import (
-    ChecksumError,
-    NonFiniteError,
-    ProtocolError,
-    TensorError,
-    TruncatedStreamError,
-)
+from geofl.protocols.errors import ChecksumError, ProtocolError, TruncatedStreamError
+from geofl.protocols.tensor_checks import TensorCheck
 from geofl.protocols.tensors import (
     Difference,
     EncodedTensor,
@@ -35,10 +30,6 @@ from geofl.protocols.tensors import (
 )
 from geofl.protocols.types import WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
-
-#: Slack allowed for a compressed payload over its decoded size (headers, top-k indices).
-_PAYLOAD_SLACK = 64 << 10
-
 
 # ----------------------------------------------------------------- sending
 
@@ -221,10 +212,6 @@ def _announced(chunk: pb.TensorChunk) -> Incoming:
     spec = TensorSpec(chunk.name, serde.dtype_from_proto(encoding.dtype), tuple(encoding.shape))
     if payload.dtype != "uint8" or len(payload.shape) != 1 or any(d < 0 for d in spec.shape):
         raise ProtocolError(f"tensor {spec.name!r}: an encoded payload must be uint8[n]")
-    if payload.nbytes > 2 * spec.nbytes + _PAYLOAD_SLACK:
-        raise TensorError(
-            f"tensor {spec.name!r}: {payload.nbytes}-byte payload for a {spec.nbytes}-byte tensor"
-        )
     chain = serde.chain_from_proto(encoding.steps)
     if not chain:
         raise ProtocolError(f"tensor {spec.name!r}: an encoding with no codec steps")
@@ -234,10 +221,12 @@ def _announced(chunk: pb.TensorChunk) -> Incoming:
 class Assembler:
     """Checks a stream of :class:`pb.TensorChunk` and feeds the bytes to a sink.
 
-    Checks: chunk order and offsets, CRC-32, dtype/shape/size against ``expected``
-    (when given) or against the size limit, codec chains against the registry, and,
-    when ``check_finite`` is set, that raw floating-point data holds no NaN or Inf
-    (decoded tensors are checked where they are decoded).
+    The stream's own checks are here: chunk order and offsets, CRC-32, announcements
+    that agree with themselves, codec chains against the registry. What each tensor must
+    be is a :class:`~geofl.protocols.tensor_checks.TensorCheck`'s: built from
+    ``expected``, ``max_total_bytes`` and ``check_finite``, or passed whole as ``check``
+    (which then replaces those three), so a receiver that states its rules elsewhere
+    applies them to streams and to tensors it holds alike.
     """
 
     def __init__(
@@ -247,16 +236,26 @@ class Assembler:
         *,
         max_total_bytes: int = 1 << 40,
         check_finite: bool = False,
+        check: TensorCheck | None = None,
     ) -> None:
         self._sink = sink
-        self._expected = expected
-        self._max_total = max_total_bytes
-        self._check_finite = check_finite
+        if check is None:
+            check = TensorCheck(
+                expected, max_total_bytes=max_total_bytes, check_finite=check_finite
+            )
+        self._check = check
         self._incoming: Incoming | None = None
         self._offset = 0
-        self._received: list[TensorSpec] = []
-        self.total_bytes = 0
-        self.payload_bytes = 0
+
+    @property
+    def total_bytes(self) -> int:
+        """Decoded bytes of the tensors announced so far."""
+        return self._check.total_bytes
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes on the wire of the tensors announced so far."""
+        return self._check.payload_bytes
 
     def feed(self, chunk: pb.TensorChunk) -> None:
         """Take the next chunk; raise a :class:`ProtocolError` subclass on any fault."""
@@ -277,16 +276,13 @@ class Assembler:
         itemsize = np.dtype(wire.dtype).itemsize
         if end > wire.nbytes or (not chunk.last and len(data) % itemsize):
             raise ProtocolError(f"tensor {wire.name!r}: chunk of {len(data)} bytes does not fit")
-        finite_checked = self._check_finite and np.dtype(wire.dtype).kind == "f"
-        if finite_checked and not np.isfinite(np.frombuffer(data, dtype=wire.dtype)).all():
-            raise NonFiniteError(f"tensor {wire.name!r} holds NaN or Inf values")
+        self._check.values(wire, data)
         self._sink.write(data)
         self._offset = end
         if chunk.last:
             if end != wire.nbytes:
                 raise ProtocolError(f"tensor {wire.name!r}: {end} of {wire.nbytes} bytes sent")
             self._sink.end()
-            self._received.append(incoming.spec)
             self._incoming = None
 
     def _begin(self, chunk: pb.TensorChunk) -> None:
@@ -294,18 +290,7 @@ class Assembler:
             name = self._incoming.spec.name
             raise ProtocolError(f"tensor {name!r} ended without its last chunk")
         incoming = _announced(chunk)
-        spec = incoming.spec
-        if self._expected is not None:
-            index = len(self._received)
-            if index >= len(self._expected):
-                raise TensorError(f"unexpected extra tensor {spec.name!r}")
-            if self._expected[index] != spec:
-                want = self._expected[index].describe()
-                raise TensorError(f"expected {want}, got {spec.describe()}")
-        self.total_bytes += spec.nbytes
-        self.payload_bytes += incoming.payload.nbytes
-        if self.payload_bytes > self._max_total:
-            raise TensorError(f"tensors exceed the limit of {self._max_total} bytes")
+        self._check.begin(incoming.spec, incoming.payload)
         self._incoming = incoming
         self._offset = 0
         self._sink.begin(incoming)
@@ -315,10 +300,7 @@ class Assembler:
         if self._incoming is not None:
             name = self._incoming.spec.name
             raise TruncatedStreamError(f"stream ended inside tensor {name!r}")
-        if self._expected is not None and len(self._received) != len(self._expected):
-            missing = [t.name for t in self._expected[len(self._received) :]]
-            raise TruncatedStreamError(f"stream ended before tensors {missing}")
-        return tuple(self._received)
+        return self._check.finish()
 
 
 __all__ = [

@@ -9,8 +9,9 @@ coroutine that lives on the simulated clock:
 2. compute: the job (the user's client app, in a backend worker) runs for real, and the
    clock charges ``samples / samples_per_s`` for it;
 3. upload: the update, encoded under the server's upload plan, takes
-   ``rtt/2 + jitter + 8 bytes / up rate``; it is then checked (names, shapes, finite
-   values) and decoded exactly as the gRPC servicer would. In a partially synchronized
+   ``rtt/2 + jitter + 8 bytes / up rate``; it is then checked by the rules the gRPC
+   servicer applies (:mod:`geofl.server.nodes.updates`) and its compressed tensors are
+   decoded, so an update that does not decode is refused on arrival. In a partially synchronized
    round the layer groups are sent as their segments of training end, overlapping the
    rest of the training (:func:`overlapped_upload`).
 
@@ -33,9 +34,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from geofl.protocols import partial_sync
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.partial_sync import pipelined_upload_end
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
@@ -43,6 +45,7 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
+from geofl.server.nodes.updates import check_fit
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
 from geofl.server.simulation.traces import ClientTrace
@@ -106,6 +109,22 @@ class VirtualUpdate(Mapping[str, npt.NDArray[np.generic]]):
         self._tensors.clear()
         self._decoded.clear()
 
+    def decode_compressed(self) -> None:
+        """Decode every compressed tensor now (raw ones are views, read when folded).
+
+        Raises
+        ------
+        CodecError
+            Naming the first tensor whose payload does not decode.
+        """
+        for name, item in self._tensors.items():
+            if not item.chain:
+                continue
+            try:
+                self[name]
+            except CodecError as exc:
+                raise CodecError(f"tensor {name!r} does not decode: {exc}") from exc
+
 
 class InFlight:
     """The coroutines serving tasks right now, so a finished run can cancel them."""
@@ -124,33 +143,6 @@ class InFlight:
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
-
-
-class UpdateCheckError(ValueError):
-    """An update does not match the model (what the servicer would reject)."""
-
-
-def check_update(update: VirtualUpdate, spec: ModelSpec) -> None:
-    """Names, shapes and dtypes as the model's, and only finite values (as the servicer)."""
-    expected = {t.name: t for t in spec}
-    if set(update) != set(expected):
-        missing = sorted(set(expected) - set(update))
-        extra = sorted(set(update) - set(expected))
-        raise UpdateCheckError(
-            f"update tensors differ from the model: missing {missing}, extra {extra}"
-        )
-    for name, tensor in expected.items():
-        try:
-            value = update[name]
-        except CodecError as exc:
-            raise UpdateCheckError(f"tensor {name!r} does not decode: {exc}") from exc
-        if tuple(value.shape) != tuple(tensor.shape) or value.dtype.name != tensor.dtype:
-            raise UpdateCheckError(
-                f"tensor {name!r} is {value.dtype.name}{list(value.shape)}, expected "
-                f"{tensor.dtype}{list(tensor.shape)}"
-            )
-        if value.dtype.kind == "f" and not np.isfinite(value).all():
-            raise UpdateCheckError(f"tensor {name!r} has NaN or infinite values")
 
 
 class VirtualFleet:
@@ -336,6 +328,13 @@ class VirtualFleet:
             task.task_id,
         )
 
+    def _upload_order(self, task: TaskRecord) -> ModelSpec:
+        """The model's tensors in the order the client sends them (layer groups in turn)."""
+        if partial_sync.CONFIG_KEY not in task.config:
+            return self._spec
+        groups = partial_sync.groups_of(task.config, [t.name for t in self._spec])
+        return self._spec if groups is None else partial_sync.upload_order(self._spec, groups)
+
     def _outcome(self, task: TaskRecord, result: JobResult, compute_s: float) -> Outcome:
         if result.status != "ok":
             return Outcome("failed", result.error or "client error", metrics=result.metrics)
@@ -347,12 +346,12 @@ class VirtualFleet:
                 metrics=result.metrics,
                 compute_s=compute_s,
             )
-        if result.num_examples <= 0:
-            return Outcome("rejected", "a fit result must report num_examples > 0")
         update = VirtualUpdate(result.tensors)
+        order = self._upload_order(task)
         try:
-            check_update(update, self._spec)
-        except UpdateCheckError as exc:
+            check_fit(result.num_examples, result.payload_bytes, result.tensors, order)
+            update.decode_compressed()
+        except GeoflError as exc:  # what the servicer would refuse, for the same reason
             update.close()
             return Outcome("rejected", str(exc))
         raw = sum(t.nbytes for t in self._spec)
@@ -385,7 +384,7 @@ def overlapped_upload(
         ready.append(trained)
     propagation = link.rtt_s / 2
     busy = [link.upload_s(nbytes) - propagation for _, nbytes in groups]
-    last_sent = pipelined_upload_end(ready, busy)
+    last_sent = partial_sync.pipelined_upload_end(ready, busy)
     return trained, last_sent + max(0.0, propagation + jitter_s) - trained
 
 

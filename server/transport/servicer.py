@@ -46,14 +46,13 @@ from geofl.server.nodes.outcomes import (
     StageResult,
 )
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
+from geofl.server.nodes.updates import announced_size, check_num_examples, delta_check
 
 log = logging.getLogger(__name__)
 
 SUPPORTED_PROTOCOL_VERSIONS = (1,)
 SESSION_METADATA_KEY = "geofl-session"
 SERVICE_NAME = "geofl.v1.Coordinator"
-#: Slack allowed for compressed uploads over twice the model's size (codec headers).
-_PAYLOAD_SLACK = 64 << 10
 _MAX_POLL_S = 60.0
 
 _KIND = {
@@ -353,8 +352,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 metrics=metrics,
                 compute_s=header.compute_s or None,
             )
-        if header.num_examples <= 0:
-            raise ProtocolError("a fit result must report num_examples > 0")
+        check_num_examples(header.num_examples)
         if task.secagg is not None:
             return await self._receive_masked(task.secagg, header, messages)
         sink, assembler = self._delta_receiver(header, self._s.spec)
@@ -378,16 +376,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _delta_receiver(
         self, header: pb.UploadHeader, expected: ModelSpec
     ) -> tuple[SpoolSink, streams.Assembler]:
-        """Where a fit's DELTA update streams to, with its announced size checked."""
+        """Where a fit's DELTA update streams to, checked by the server's update rules."""
         if header.update_kind != pb.UPDATE_KIND_DELTA:
             raise ProtocolError("a fit result must carry a DELTA update")
-        size = model_bytes(self._s.spec)
-        announced = int(header.payload_bytes) or size
-        if announced > 2 * size + _PAYLOAD_SLACK:
-            raise TensorError(f"an upload of {announced} bytes for a {size}-byte model")
-        sink = SpoolSink(self._s.upload_budget, announced)
-        assembler = streams.Assembler(sink, expected, max_total_bytes=announced, check_finite=True)
-        return sink, assembler
+        size = announced_size(int(header.payload_bytes), self._s.spec)
+        sink = SpoolSink(self._s.upload_budget, size)
+        return sink, streams.Assembler(sink, check=delta_check(expected, size))
 
     async def _receive_overlapped(
         self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
@@ -509,8 +503,7 @@ def _trailer_outcome(trailer: pb.UploadHeader) -> Outcome:
         return Outcome("failed", trailer.error or "client error", metrics=metrics)
     if trailer.status != pb.RESULT_STATUS_OK:
         raise ProtocolError(f"upload trailer status {trailer.status} is not a valid status")
-    if trailer.num_examples <= 0:
-        raise ProtocolError("a fit result must report num_examples > 0")
+    check_num_examples(trailer.num_examples)
     return Outcome(
         "ok",
         num_examples=int(trailer.num_examples),
