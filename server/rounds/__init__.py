@@ -13,3 +13,28 @@
 
 See docs/architecture.md for who owns what state and how a settled task flows.
 """
+
+from geofl.server.rounds.factory import make_engine
+from geofl.server.rounds.observers import Observers, RoundEndCallback, RoundObserver
+from geofl.server.rounds.parts import Engine, EngineParts
+from geofl.server.rounds.records import (
+    EngineSettings,
+    NoClientsError,
+    Phase,
+    RoundFailedError,
+    RoundRecord,
+)
+
+__all__ = [
+    "Engine",
+    "EngineParts",
+    "EngineSettings",
+    "NoClientsError",
+    "Observers",
+    "Phase",
+    "RoundEndCallback",
+    "RoundFailedError",
+    "RoundObserver",
+    "RoundRecord",
+    "make_engine",
+]

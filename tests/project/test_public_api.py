@@ -13,6 +13,7 @@ PACKAGES = [
     "geofl.storage",
     "geofl.server.strategies",
     "geofl.server.config",
+    "geofl.server.rounds",
     "geofl.client",
 ]
 
