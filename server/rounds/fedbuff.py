@@ -65,7 +65,7 @@ from geofl.server.rounds.records import (
     RoundRecord,
 )
 from geofl.server.rounds.secure import SecureRound, round_params
-from geofl.server.rounds.tasks import StageInput, TakeResult, TaskRunner, fold_update, summarise
+from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
 
 log = logging.getLogger(__name__)
@@ -148,14 +148,8 @@ class FedBuffEngine:
         self._strategy = parts.strategy
         self._models = parts.models
         self._observer = parts.observer
-        self._runner = TaskRunner(
-            parts.registry,
-            parts.observer,
-            clock=parts.clock,
-            deadline_s=settings.deadline_s,
-            compression=parts.compression,
-            scheduler=parts.scheduler,
-            on_release=lambda task: self._drop_unused_versions(),
+        self._runner = parts.task_runner(
+            settings.deadline_s, on_release=lambda task: self._drop_unused_versions()
         )
         self._evaluation = Evaluation(settings, self._runner, parts.strategy, parts.server_evaluate)
         self.weights: Weights = parts.weights

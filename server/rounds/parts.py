@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -9,10 +10,11 @@ from geofl.protocols.types import Weights
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
-from geofl.server.nodes.registry import Registry
+from geofl.server.nodes.registry import Registry, TaskRecord
 from geofl.server.rounds.evaluation import ServerEvaluate
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.tasks import TaskRunner
 from geofl.server.scheduling.scheduler import Scheduler
 from geofl.server.strategies import Strategy
 
@@ -58,6 +60,20 @@ class EngineParts:
     compression: CompressionConfig | None = None
     secure: SecureSettings | None = None
     scheduler: Scheduler | None = None
+
+    def task_runner(
+        self, deadline_s: float, on_release: Callable[[TaskRecord], None] = lambda task: None
+    ) -> TaskRunner:
+        """The engine's task runner over these parts (``deadline_s``: a task's default)."""
+        return TaskRunner(
+            self.registry,
+            self.observer,
+            clock=self.clock,
+            deadline_s=deadline_s,
+            compression=self.compression,
+            scheduler=self.scheduler,
+            on_release=on_release,
+        )
 
 
 class Engine(Protocol):

@@ -45,7 +45,7 @@ from geofl.server.rounds.records import (
     RoundRecord,
 )
 from geofl.server.rounds.secure import SecureRound
-from geofl.server.rounds.tasks import StageInput, TakeResult, TaskRunner, fold_update, summarise
+from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
 from geofl.server.strategies import StrategyError, StreamingMean
 
 log = logging.getLogger(__name__)
@@ -64,14 +64,7 @@ class SyncEngine:
         self._strategy = parts.strategy
         self._models = parts.models
         self._observer = parts.observer
-        self._runner = TaskRunner(
-            parts.registry,
-            parts.observer,
-            clock=parts.clock,
-            deadline_s=settings.deadline_s,
-            compression=parts.compression,
-            scheduler=parts.scheduler,
-        )
+        self._runner = parts.task_runner(settings.deadline_s)
         self._evaluation = Evaluation(settings, self._runner, parts.strategy, parts.server_evaluate)
         self.weights: Weights = parts.weights
 
