@@ -92,7 +92,7 @@ def run_relay(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s relay %(name)s: %(message)s",
     )
     from geofl.client.runtime import GaveUpError
-    from geofl.protocols.errors import ErrorCode, GeoflError
+    from geofl.protocols.errors import ErrorCode, WireError
     from geofl.server.cli.exit_codes import ExitCode
     from geofl.server.config import ConfigError
     from geofl.server.coordinator import AddressInUseError
@@ -117,7 +117,7 @@ def run_relay(args: argparse.Namespace) -> int:
         return _fail(ExitCode.SERVER_UNREACHABLE, str(exc))
     except KeyboardInterrupt:
         return _fail(ExitCode.INTERRUPTED, "interrupted")
-    except GeoflError as exc:
+    except WireError as exc:
         code = ExitCode.PROTOCOL if exc.code is ErrorCode.PROTOCOL_VERSION else ExitCode.RUN_FAILED
         return _fail(code, str(exc))
     _say("run over")
