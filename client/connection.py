@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from geofl.protocols import serde, streams
-from geofl.protocols.errors import WireError, error_from_details
+from geofl.protocols.errors import GeoflError, WireError, error_from_details
 from geofl.protocols.tensors import Tensorish
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -22,7 +22,7 @@ SESSION_METADATA_KEY = "geofl-session"
 SERVICE_NAME = "geofl.v1.Coordinator"
 
 
-class ServerUnavailableError(Exception):
+class ServerUnavailableError(GeoflError):
     """The server cannot be reached right now (retry with backoff)."""
 
 

@@ -8,6 +8,57 @@ details start with the catalogued code (``"GEOFL-E104: ..."``); the client trans
 it back into the most specific :class:`WireError` subclass.  Any other error that
 reaches the boundary, a local :class:`GeoflError` included, is an internal error
 (``E199``) whose details are not sent.
+
+Every exception class in geofl, by module (``(also X)``: a builtin or Flower base kept
+beside the geofl one, so ``except X`` still catches it)::
+
+    GeoflError                                          geofl.protocols.errors
+    ├── WireError                                       geofl.protocols.errors
+    │   ├── ProtocolError                               geofl.protocols.errors
+    │   │   ├── TruncatedStreamError                    geofl.protocols.errors
+    │   │   ├── TensorError                             geofl.protocols.errors
+    │   │   │   └── NonFiniteError                      geofl.protocols.errors
+    │   │   ├── ChecksumError                           geofl.protocols.errors
+    │   │   └── CodecError (also ValueError)            geofl.protocols.codecs.base
+    │   ├── SessionError                                geofl.protocols.errors
+    │   ├── TaskError                                   geofl.protocols.errors
+    │   └── RunFinishedError                            geofl.protocols.errors
+    ├── SecAggError                                     geofl.protocols.secagg.errors
+    │   └── SecAggAbortError                            geofl.protocols.secagg.errors
+    ├── StorageError                                    geofl.storage.errors
+    │   ├── DatabaseURLError (also ValueError)          geofl.storage.errors
+    │   ├── StorageUnavailableError                     geofl.storage.errors
+    │   ├── CheckpointCorruptError                      geofl.storage.errors
+    │   ├── RecordNotFoundError (also LookupError)      geofl.storage.errors
+    │   │   └── RunNotFoundError                        geofl.storage.errors
+    │   └── RoundStateError                             geofl.storage.errors
+    ├── ConfigError                                     geofl.server.config.errors
+    ├── AddressInUseError                               geofl.server.coordinator
+    ├── FlowerAppError                                  geofl.server.flower.errors
+    │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
+    ├── GridClosedError (also RunNotRunningException)   geofl.server.flower.errors
+    ├── UserCodeError                                   geofl.server.models.loading
+    ├── RegionalError                                   geofl.server.relay.rounds
+    ├── RoundFailedError                                geofl.server.rounds.records
+    ├── NoClientsError                                  geofl.server.rounds.records
+    ├── PartialSyncError (also ValueError)              geofl.server.scheduling.partial_sync
+    ├── BackendError                                    geofl.server.simulation.backends
+    ├── UpdateCheckError (also ValueError)              geofl.server.simulation.fleet
+    ├── ShaperConfigError (also ValueError)             geofl.server.simulation.shaper
+    ├── ShaperStartError (also RuntimeError)            geofl.server.simulation.shaper
+    ├── TraceError                                      geofl.server.simulation.traces
+    ├── StrategyError                                   geofl.server.strategies.errors
+    │   └── UpdateRejected                              geofl.server.strategies.errors
+    ├── FlowerConfigError (also ValueError)             geofl.server.strategies.flower
+    ├── ClientAppError                                  geofl.client.app
+    ├── ServerUnavailableError                          geofl.client.connection
+    ├── FlowerReplyError                                geofl.client.flower.records
+    ├── PartitionError (also ValueError)                geofl.client.partition
+    ├── PartitionFileError (also ValueError)            geofl.client.partition
+    └── GaveUpError                                     geofl.client.runtime
+
+``tests/project/test_exceptions.py`` checks that this drawing names every exception
+class of geofl with its true parent and extra bases.
 """
 
 from __future__ import annotations

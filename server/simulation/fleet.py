@@ -35,6 +35,7 @@ import numpy.typing as npt
 
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.partial_sync import pipelined_upload_end
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
@@ -126,7 +127,7 @@ class InFlight:
         await asyncio.gather(*self._running, return_exceptions=True)
 
 
-class UpdateCheckError(ValueError):
+class UpdateCheckError(GeoflError, ValueError):
     """An update does not match the model (what the servicer would reject)."""
 
 

@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 from geofl.server.strategies._flower_replies import FlowerAggregate, FlowerReplies, common_metrics
 from geofl.server.strategies._flower_state import Snapshot, StateSlots, restore, snapshot
@@ -114,7 +115,7 @@ SAMPLING_ARGS: Mapping[str, str] = MappingProxyType(
 _INSTALL_HINT = "pip install 'flwr>=1.42,<1.43'"
 
 
-class FlowerConfigError(ValueError):
+class FlowerConfigError(GeoflError, ValueError):
     """A Flower strategy's configuration is wrong.
 
     Attributes
