@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from geofl.client.flower.detect import is_flower_client, is_flower_object
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 
 __all__ = [
@@ -108,7 +109,7 @@ class Client(ABC):
 ClientFactory = Callable[[ClientContext], Client]
 
 
-class ClientAppError(Exception):
+class ClientAppError(GeoflError):
     """A ``module:attr`` client app spec could not be resolved to a :class:`Client`."""
 
 

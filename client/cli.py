@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from geofl.client.app import ClientAppError, load_client_app
 from geofl.client.runtime import ClientOptions, ClientRuntime, GaveUpError
-from geofl.protocols.errors import ErrorCode, GeoflError
+from geofl.protocols.errors import ErrorCode, WireError
 from geofl.protocols.types import Scalar
 
 # Exit codes shared with the ``geofl`` program (see geofl.server.cli.exit_codes).
@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNREACHABLE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except GeoflError as exc:
+    except WireError as exc:
         print(f"geofl client: error: {exc}", file=sys.stderr)
         return EXIT_PROTOCOL if exc.code is ErrorCode.PROTOCOL_VERSION else EXIT_FAILED
     return EXIT_OK

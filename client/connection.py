@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 
 from geofl.protocols import serde, streams
-from geofl.protocols.errors import GeoflError, error_from_details
+from geofl.protocols.errors import GeoflError, WireError, error_from_details
 from geofl.protocols.tensors import Tensorish
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -22,7 +22,7 @@ SESSION_METADATA_KEY = "geofl-session"
 SERVICE_NAME = "geofl.v1.Coordinator"
 
 
-class ServerUnavailableError(Exception):
+class ServerUnavailableError(GeoflError):
     """The server cannot be reached right now (retry with backoff)."""
 
 
@@ -56,7 +56,7 @@ def translate(error: grpc.RpcError) -> Exception:
         grpc.StatusCode.CANCELLED,
     ):
         return ServerUnavailableError(f"{code.name if code else 'error'}: {details}")
-    return GeoflError(f"server error {code.name if code else '?'}: {details}")
+    return WireError(f"server error {code.name if code else '?'}: {details}")
 
 
 class Connection:
@@ -194,7 +194,7 @@ class Connection:
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         if not reply.accepted:
-            raise GeoflError(f"server refused the result: {reply.error_code} {reply.message}")
+            raise WireError(f"server refused the result: {reply.error_code} {reply.message}")
         return sent
 
 

@@ -34,6 +34,7 @@ import numpy.typing as npt
 from numpy.lib.npyio import NpzFile
 
 from geofl.client.app import ClientContext
+from geofl.protocols.errors import GeoflError
 
 __all__ = [
     "PARTITION_FILE_FORMAT",
@@ -55,7 +56,7 @@ __all__ = [
 IndexArray = npt.NDArray[np.int64]
 
 
-class PartitionError(ValueError):
+class PartitionError(GeoflError, ValueError):
     """A split that cannot give every client data; the message names the fix."""
 
 
@@ -366,7 +367,7 @@ _PARTITION_KEYS = frozenset({"format", "indices", "offsets"})
 _UNREADABLE = (OSError, EOFError, ValueError, KeyError, zipfile.BadZipFile)
 
 
-class PartitionFileError(ValueError):
+class PartitionFileError(GeoflError, ValueError):
     """A partition file that is missing, corrupt, or holds no share for this client."""
 
 

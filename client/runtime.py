@@ -25,7 +25,7 @@ from geofl.client.partial_sync import GroupUpdate, LocalProgress, fit_in_segment
 from geofl.client.secure_rounds import SecureRounds
 from geofl.client.work import evaluate_model, fit_update, reported_loss
 from geofl.protocols import partial_sync
-from geofl.protocols.errors import GeoflError, SessionError
+from geofl.protocols.errors import GeoflError, SessionError, WireError
 from geofl.protocols.serde import (
     DEFAULT_CHUNK_BYTES,
     fill_scalar_map,
@@ -78,7 +78,7 @@ class ClientOptions:
     state_dir: Path | None = None
 
 
-class GaveUpError(Exception):
+class GaveUpError(GeoflError):
     """The server stayed unreachable for longer than ``reconnect_for_s``."""
 
 
@@ -188,7 +188,7 @@ class ClientRuntime:
                         self._handle(task)
                 except SessionError:
                     raise
-                except GeoflError as exc:  # refused result: recorded server-side; go on
+                except WireError as exc:  # refused result: recorded server-side; go on
                     log.warning("task %d not accepted: %s", task.task_id, exc)
         return False
 
@@ -200,7 +200,7 @@ class ClientRuntime:
                 self._conn.heartbeat(timeout=5.0)
             except SessionError:
                 self._rejoin.set()
-            except (ServerUnavailableError, GeoflError):
+            except (ServerUnavailableError, WireError):
                 pass
 
     # ----------------------------------------------------------- tasks

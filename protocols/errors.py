@@ -1,8 +1,66 @@
-"""Catalogued error codes shared by server and client, and the exception hierarchy.
+"""Catalogued error codes shared by server and client, and geofl's one exception tree.
 
-A server-side failure is translated once, at the RPC boundary, into a gRPC status
-whose details start with the catalogued code (``"GEOFL-E104: ..."``); the client
-translates it back into the most specific :class:`GeoflError` subclass.
+:class:`GeoflError` is the base of every error geofl raises on purpose; on its own it
+carries a message and nothing else.  The errors that cross the wire derive from
+:class:`WireError`: each carries a catalogued :class:`ErrorCode`.  A server-side
+:class:`WireError` is translated once, at the RPC boundary, into a gRPC status whose
+details start with the catalogued code (``"GEOFL-E104: ..."``); the client translates
+it back into the most specific :class:`WireError` subclass.  Any other error that
+reaches the boundary, a local :class:`GeoflError` included, is an internal error
+(``E199``) whose details are not sent.
+
+Every exception class in geofl, by module (``(also X)``: a builtin or Flower base kept
+beside the geofl one, so ``except X`` still catches it)::
+
+    GeoflError                                          geofl.protocols.errors
+    ├── WireError                                       geofl.protocols.errors
+    │   ├── ProtocolError                               geofl.protocols.errors
+    │   │   ├── TruncatedStreamError                    geofl.protocols.errors
+    │   │   ├── TensorError                             geofl.protocols.errors
+    │   │   │   └── NonFiniteError                      geofl.protocols.errors
+    │   │   ├── ChecksumError                           geofl.protocols.errors
+    │   │   └── CodecError (also ValueError)            geofl.protocols.codecs.base
+    │   ├── SessionError                                geofl.protocols.errors
+    │   ├── TaskError                                   geofl.protocols.errors
+    │   └── RunFinishedError                            geofl.protocols.errors
+    ├── SecAggError                                     geofl.protocols.secagg.errors
+    │   └── SecAggAbortError                            geofl.protocols.secagg.errors
+    ├── StorageError                                    geofl.storage.errors
+    │   ├── DatabaseURLError (also ValueError)          geofl.storage.errors
+    │   ├── StorageUnavailableError                     geofl.storage.errors
+    │   ├── CheckpointCorruptError                      geofl.storage.errors
+    │   ├── RecordNotFoundError (also LookupError)      geofl.storage.errors
+    │   │   └── RunNotFoundError                        geofl.storage.errors
+    │   └── RoundStateError                             geofl.storage.errors
+    ├── ConfigError                                     geofl.server.config.errors
+    ├── AddressInUseError                               geofl.server.coordinator
+    ├── FlowerAppError                                  geofl.server.flower.errors
+    │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
+    ├── UserCodeError                                   geofl.server.models.loading
+    ├── RegionalError                                   geofl.server.relay.rounds
+    ├── RoundFailedError                                geofl.server.rounds.records
+    ├── NoClientsError                                  geofl.server.rounds.records
+    ├── PartialSyncError (also ValueError)              geofl.server.scheduling.partial_sync
+    ├── BackendError                                    geofl.server.simulation.backends
+    ├── ShaperConfigError (also ValueError)             geofl.server.simulation.shaper
+    ├── ShaperStartError (also RuntimeError)            geofl.server.simulation.shaper
+    ├── TraceError                                      geofl.server.simulation.trace_format
+    ├── StrategyError                                   geofl.server.strategies.errors
+    │   └── UpdateRejected                              geofl.server.strategies.errors
+    ├── FlowerConfigError (also ValueError)             geofl.server.strategies._flower_names
+    ├── ClientAppError                                  geofl.client.app
+    ├── ServerUnavailableError                          geofl.client.connection
+    ├── FlowerReplyError                                geofl.client.flower.records
+    ├── PartitionError (also ValueError)                geofl.client.partition
+    ├── PartitionFileError (also ValueError)            geofl.client.partition
+    └── GaveUpError                                     geofl.client.runtime
+
+One class stays outside the tree on purpose: ``GridClosedError``
+(``geofl.server.flower.errors``) is Flower's ``RunNotRunningException``, a
+``BaseException`` that a ServerApp's ``except Exception`` must not swallow.
+
+``tests/project/test_exceptions.py`` checks that this drawing names every exception
+class of geofl with its true parent and extra bases.
 """
 
 from __future__ import annotations
@@ -47,7 +105,19 @@ class ErrorCode(enum.Enum):
 
 
 class GeoflError(Exception):
-    """Base of every error geofl raises on purpose."""
+    """Base of every error geofl raises on purpose: a message, and no wire code.
+
+    Catch it to handle any deliberate geofl error; an error a peer may see on the wire
+    is a :class:`WireError`.
+    """
+
+
+class WireError(GeoflError):
+    """An error a peer may see on the wire: it carries its catalogued :class:`ErrorCode`.
+
+    ``error_code`` is the class's code; ``code`` the instance's (the class's unless
+    given, e.g. a :class:`TaskError` for an expired task carries ``TASK_EXPIRED``).
+    """
 
     error_code: ClassVar[ErrorCode] = ErrorCode.INTERNAL
 
@@ -60,7 +130,7 @@ class GeoflError(Exception):
         return f"GEOFL-{self.code.code}: {self}"
 
 
-class ProtocolError(GeoflError):
+class ProtocolError(WireError):
     """A peer sent something that violates the wire protocol."""
 
     error_code = ErrorCode.MALFORMED_MESSAGE
@@ -88,25 +158,25 @@ class ChecksumError(ProtocolError):
     error_code = ErrorCode.CHECKSUM
 
 
-class SessionError(GeoflError):
+class SessionError(WireError):
     """The node's session is unknown to the server (e.g. after a restart)."""
 
     error_code = ErrorCode.UNKNOWN_NODE
 
 
-class TaskError(GeoflError):
+class TaskError(WireError):
     """A result for a task that is not (or no longer) assigned to this node."""
 
     error_code = ErrorCode.UNKNOWN_TASK
 
 
-class RunFinishedError(GeoflError):
+class RunFinishedError(WireError):
     """The run is over; no more tasks or results are accepted."""
 
     error_code = ErrorCode.RUN_FINISHED
 
 
-_BY_CODE: dict[ErrorCode, type[GeoflError]] = {
+_BY_CODE: dict[ErrorCode, type[WireError]] = {
     ErrorCode.MALFORMED_MESSAGE: ProtocolError,
     ErrorCode.TENSOR_MISMATCH: TensorError,
     ErrorCode.NON_FINITE: NonFiniteError,
@@ -119,7 +189,7 @@ _BY_CODE: dict[ErrorCode, type[GeoflError]] = {
 }
 
 
-def error_from_details(details: str | None) -> GeoflError | None:
+def error_from_details(details: str | None) -> WireError | None:
     """Rebuild the specific error from gRPC status details, if they carry a code."""
     if not details or not details.startswith("GEOFL-"):
         return None
@@ -127,7 +197,7 @@ def error_from_details(details: str | None) -> GeoflError | None:
     code = ErrorCode.from_code(code_text)
     if code is None:
         return None
-    return _BY_CODE.get(code, GeoflError)(message, code=code)
+    return _BY_CODE.get(code, WireError)(message, code=code)
 
 
 __all__ = [
@@ -141,5 +211,6 @@ __all__ = [
     "TaskError",
     "TensorError",
     "TruncatedStreamError",
+    "WireError",
     "error_from_details",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 _SHUTDOWN_GRACE_S = 10.0
 
 
-class AddressInUseError(Exception):
+class AddressInUseError(GeoflError):
     """The configured listen address cannot be bound."""
 
 

@@ -7,6 +7,8 @@ coordinator) without knowing SQLAlchemy's or the database driver's exception typ
 
 from __future__ import annotations
 
+from geofl.protocols.errors import GeoflError
+
 __all__ = [
     "CheckpointCorruptError",
     "DatabaseURLError",
@@ -18,7 +20,7 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
+class StorageError(GeoflError):
     """Base class of every error the storage layer raises on purpose."""
 
 

@@ -47,6 +47,7 @@ from flwr.common import (
 from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.compat.common import recorddict_compat as compat
 
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.types import Config, Metrics, Scalar, Weights
 
 __all__ = [
@@ -76,7 +77,7 @@ _GEOFL_ROUND_KEY = "server_round"
 UNKNOWN_RUN_ID = 0
 
 
-class FlowerReplyError(Exception):
+class FlowerReplyError(GeoflError):
     """A Flower ClientApp replied with an error, or with content geofl cannot use."""
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from flwr.supercore.run import RunNotRunningException
 
+from geofl.protocols.errors import GeoflError
+
 __all__ = ["FlowerAppError", "GridClosedError", "UnsupportedFlowerFeatureError"]
 
 
-class FlowerAppError(Exception):
+class FlowerAppError(GeoflError):
     """A Flower app directory or component that geofl cannot load (the message says why)."""
 
 
@@ -19,5 +21,7 @@ class GridClosedError(RunNotRunningException):
     """The run is over (or the server stopped): the grid takes no more calls.
 
     Flower's own grids signal this with ``RunNotRunningException``, a ``BaseException``
-    on which Flower's helper threads (e.g. the legacy client-manager thread) stop.
+    on which Flower's helper threads (e.g. the legacy client-manager thread) stop.  It
+    stays outside :class:`GeoflError` on purpose: as an ``Exception``, a ServerApp's own
+    ``except Exception`` would swallow the end of its run.
     """

@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
 
 
-class UserCodeError(Exception):
+class UserCodeError(GeoflError):
     """User code named in the configuration cannot be loaded or misbehaves."""
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.types import Metrics, Scalar, Weights, WeightsView
 from geofl.server.config import ScheduleConfig
 from geofl.server.rounds.observers import RoundObserver
@@ -38,7 +39,7 @@ UPLOAD_RESERVE = 0.1
 MIN_UPLOAD_RESERVE_S = 1.0
 
 
-class RegionalError(Exception):
+class RegionalError(GeoflError):
     """The region cannot produce a result for the coordinator's task (reported upstream)."""
 
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from geofl.protocols import partial_sync
+from geofl.protocols.errors import GeoflError
 from geofl.protocols.partial_sync import Groups
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Config, Scalar, WeightsView
@@ -35,7 +36,7 @@ __all__ = ["LayerSyncPlanner", "PartialSyncError", "balanced_groups", "resolve_g
 DRIFT_SMOOTHING = 0.5
 
 
-class PartialSyncError(ValueError):
+class PartialSyncError(GeoflError, ValueError):
     """A partial-sync schedule that cannot work for this model."""
 
 

@@ -37,7 +37,7 @@ import numpy.typing as npt
 from geofl.protocols import partial_sync
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.errors import GeoflError
+from geofl.protocols.errors import WireError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
@@ -351,7 +351,7 @@ class VirtualFleet:
         try:
             check_fit(result.num_examples, result.payload_bytes, result.tensors, order)
             update.decode_compressed()
-        except GeoflError as exc:  # what the servicer would refuse, for the same reason
+        except WireError as exc:  # what the servicer would refuse, for the same reason
             update.close()
             return Outcome("rejected", str(exc))
         raw = sum(t.nbytes for t in self._spec)

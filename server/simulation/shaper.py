@@ -53,6 +53,7 @@ from typing import IO, Any, TextIO
 
 import numpy as np
 
+from geofl.protocols.errors import GeoflError
 from geofl.server.simulation.links import SEGMENT_BYTES, ClientLink
 
 __all__ = [
@@ -101,11 +102,11 @@ _UP_STREAM, _DOWN_STREAM = 0, 1
 logger = logging.getLogger(__name__)
 
 
-class ShaperConfigError(ValueError):
+class ShaperConfigError(GeoflError, ValueError):
     """A link description, a links file or an upstream address is invalid."""
 
 
-class ShaperStartError(RuntimeError):
+class ShaperStartError(GeoflError, RuntimeError):
     """The shaper process died or did not report its ports in time."""
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from geofl.protocols.errors import GeoflError
+
 __all__ = ["FLOWER_STRATEGIES", "FLOWER_WRAPPERS", "SAMPLING_ARGS", "FlowerConfigError"]
 
 #: Flower's differential-privacy wrappers: they take the strategy they wrap (``wraps``).
@@ -49,7 +51,7 @@ SAMPLING_ARGS: Mapping[str, str] = MappingProxyType(
 )
 
 
-class FlowerConfigError(ValueError):
+class FlowerConfigError(GeoflError, ValueError):
     """A Flower strategy's configuration is wrong.
 
     Attributes

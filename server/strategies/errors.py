@@ -6,10 +6,12 @@ carry on with the round) from a broken aggregate or state (stop and report).
 
 from __future__ import annotations
 
+from geofl.protocols.errors import GeoflError
+
 __all__ = ["StrategyError", "UpdateRejected"]
 
 
-class StrategyError(Exception):
+class StrategyError(GeoflError):
     """A strategy could not aggregate, step or restore its state."""
 
 

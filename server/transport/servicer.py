@@ -18,11 +18,11 @@ import grpc
 from geofl.protocols import partial_sync, serde, streams
 from geofl.protocols.errors import (
     ErrorCode,
-    GeoflError,
     ProtocolError,
     TaskError,
     TensorError,
     TruncatedStreamError,
+    WireError,
 )
 from geofl.protocols.secagg import RingArray
 from geofl.protocols.shared_lowrank import vector_length
@@ -93,16 +93,16 @@ class _AbortError(Exception):
 
 @contextmanager
 def _translated() -> Iterator[None]:
-    """Map geofl errors to their catalogued status; hide internal details."""
+    """Map wire errors to their catalogued status; anything else is an internal error."""
     try:
         yield
-    except GeoflError as exc:
+    except WireError as exc:
         raise _AbortError(exc.code.status, exc.wire_details()) from exc
     except (asyncio.CancelledError, _AbortError):
         raise
     except Exception as exc:
         log.exception("internal error in RPC handler")
-        internal = GeoflError("internal server error", code=ErrorCode.INTERNAL)
+        internal = WireError("internal server error", code=ErrorCode.INTERNAL)
         raise _AbortError(grpc.StatusCode.INTERNAL, internal.wire_details()) from exc
 
 
@@ -149,7 +149,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def _join(self, request: pb.JoinRequest) -> pb.JoinReply:
         common = set(request.protocol_versions) & set(SUPPORTED_PROTOCOL_VERSIONS)
         if not common:
-            raise GeoflError(
+            raise WireError(
                 f"client speaks protocol versions {list(request.protocol_versions)}, "
                 f"server speaks {list(SUPPORTED_PROTOCOL_VERSIONS)}",
                 code=ErrorCode.PROTOCOL_VERSION,
@@ -160,7 +160,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         region = request.region or None
         if self._s.regions and region is not None and region not in self._s.regions:
             role = "relay" if config.get("relay") is True else "node"
-            raise GeoflError(
+            raise WireError(
                 f"{role} {request.node_name!r} names region {region!r}, which this run does "
                 f"not serve; its regions are {sorted(self._s.regions)} (server.regions)",
                 code=ErrorCode.UNKNOWN_REGION,
@@ -255,7 +255,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 chain = self._s.compression.down_chain(session.region)
                 broadcast = await self._s.models.broadcast(request.model_version, chain, base)
                 if broadcast is None:
-                    raise GeoflError(
+                    raise WireError(
                         f"model version {request.model_version} is not available",
                         code=ErrorCode.MODEL_UNAVAILABLE,
                     )
@@ -299,7 +299,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except TruncatedStreamError as exc:
             task.settle(Outcome("dropped", f"upload ended early (client disconnected?): {exc}"))
             raise
-        except GeoflError as exc:
+        except WireError as exc:
             task.settle(Outcome("rejected", str(exc)))
             raise
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
