@@ -165,6 +165,8 @@ class FedBuffEngine:
         self._fit_config: dict[str, Scalar] = {}
         self._fits: dict[asyncio.Future[Outcome], TaskRecord] = {}
         self._bench: set[int] = set()
+        #: Nodes with a task recorded in the version being built (their estimates changed).
+        self._noted: set[int] = set()
         self._groups: dict[asyncio.Task[_GroupSum], _Group] = {}
         self._finished_groups: list[asyncio.Task[_GroupSum]] = []
         self._reserved: set[int] = set()
@@ -205,8 +207,11 @@ class FedBuffEngine:
         await self._build_version(number)
         scheduler = self._parts.scheduler
         if scheduler is not None:  # the link estimates after the version, as sync does
-            seen = [e for e in scheduler.estimates() if e.last_round == number]
+            # Of every node noted in this version: a stale arrival's task was handed out
+            # for an earlier version, so its estimate's last_round is not this one.
+            seen = [e for e in scheduler.estimates() if e.node_id in self._noted]
             self._observer.measurements(number, seen)
+        self._noted.clear()
 
     async def _build_version(self, number: int) -> None:
         record = self._record
@@ -484,6 +489,7 @@ class FedBuffEngine:
     def _note(self, task: TaskRecord, outcome: Outcome) -> None:
         """Record a settled task in the round being built; failures sit out the version."""
         self._runner.record(self._record, task, outcome)
+        self._noted.add(task.node_id)
         if outcome.status in ("failed", "rejected", "dropped"):
             self._bench.add(task.node_id)
 
