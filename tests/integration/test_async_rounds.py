@@ -538,3 +538,25 @@ def test_relays_take_part_as_ordinary_nodes(
     np.testing.assert_array_equal(
         _final_weights(config)["w"], np.full((4, 3), expected, np.float32)
     )
+
+
+def test_a_client_whose_every_arrival_is_stale_still_has_its_link_recorded(
+    tmp_path: Path,
+) -> None:
+    # The far client's task is handed out for one version and lands versions later, as
+    # the near one goes on alone: its estimate must still be recorded with some version.
+    far = {**NEAR, "rtt_ms": 1000}
+    config = _virtual(
+        tmp_path,
+        2,
+        {"buffer_size": 1, "updates": 15, "staleness": {"max": 50}},
+        {"near": NEAR, "far": far},
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed"
+    detail = _detail(config)
+    stale = {p.node_id for p in _fits(detail) if p.status == "ok" and p.metrics["staleness"]}
+    assert stale, "the far client's arrivals should be stale"
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        measured = queries.latest_measurements(session, outcome.result.run_id)
+    assert {m.node_id for m in measured} == {p.node_id for p in _fits(detail)}
