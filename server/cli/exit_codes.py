@@ -69,7 +69,8 @@ def _loaded_class(module: str, name: str) -> type[BaseException] | None:
 
 
 def _geofl_error_code(exc: BaseException) -> ExitCode | None:
-    """Any other :class:`GeoflError`: a protocol disagreement, or else a failed run."""
+    """Any other :class:`GeoflError`: a protocol disagreement (a :class:`WireError` with
+    code ``PROTOCOL_VERSION``), or else a failed run."""
     geofl_error = _loaded_class(*_GEOFL_ERROR)
     if geofl_error is None or not isinstance(exc, geofl_error):
         return None

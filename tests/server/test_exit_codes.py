@@ -65,18 +65,19 @@ CASES: list[tuple[str, str, tuple[Any, ...], dict[str, Any], ExitCode]] = [
     ("builtins", "KeyboardInterrupt", (), {}, ExitCode.INTERRUPTED),
     (
         "geofl.protocols.errors",
-        "GeoflError",
+        "WireError",
         ("no common version",),
         {"code": ErrorCode.PROTOCOL_VERSION},
         ExitCode.PROTOCOL,
     ),
     (
         "geofl.protocols.errors",
-        "GeoflError",
+        "WireError",
         ("over",),
         {"code": ErrorCode.RUN_FINISHED},
         ExitCode.RUN_FAILED,
     ),
+    ("geofl.protocols.errors", "GeoflError", ("a local error",), {}, ExitCode.RUN_FAILED),
     ("geofl.protocols.errors", "ProtocolError", ("malformed",), {}, ExitCode.RUN_FAILED),
     ("geofl.server.simulation.traces", "TraceError", ("bad",), {}, ExitCode.RUN_FAILED),
 ]
