@@ -3,7 +3,7 @@
 The framework benchmark shows where a round's time goes by phase (``fit`` includes every
 upload); this splits one update's server-side work into its steps, run in one thread the
 way the coordinator's event loop runs them: parse each ``UploadMessage``
-(:func:`geofl.protocols.serde.decode_upload`), then the :class:`~geofl.protocols.serde.Assembler`
+(:func:`geofl.protocols.serde.decode_upload`), then the :class:`~geofl.protocols.streams.Assembler`
 (CRC32 check, NaN/Inf check, copy into the staging area), staged in memory or spilled to a
 temporary file. ``crc32`` and ``isfinite`` are also timed alone over the same chunks.
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from geofl.protocols import serde
+from geofl.protocols import serde, streams
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.models.spool import MemoryBudget, SpoolSink
@@ -44,12 +44,12 @@ def ingest_costs(params: int, repeats: int, chunk_bytes: int) -> dict[str, float
     update = {"w": np.random.default_rng(0).standard_normal(params, dtype=np.float32)}
     spec = spec_of(update)
     header = pb.UploadHeader(task_id=1, round=1, attempt=1)
-    raw = list(serde.encode_upload(header, update, chunk_bytes))[1:]
+    raw = list(streams.encode_upload(header, update, chunk_bytes))[1:]
     chunks = [serde.decode_upload(r).chunk for r in raw]
 
     def assemble(limit: int) -> None:
         sink = SpoolSink(MemoryBudget(limit), model_bytes(spec))
-        assembler = serde.Assembler(sink, spec, check_finite=True)
+        assembler = streams.Assembler(sink, spec, check_finite=True)
         for message in raw:
             assembler.feed(serde.decode_upload(message).chunk)
         assembler.finish()
@@ -65,7 +65,7 @@ def ingest_costs(params: int, repeats: int, chunk_bytes: int) -> dict[str, float
         "receive_in_memory": _median_s(lambda: assemble(1 << 40), repeats),
         "receive_spilled": _median_s(lambda: assemble(0), repeats),
         "client_encode_upload": _median_s(
-            lambda: list(serde.encode_upload(header, update, chunk_bytes)), repeats
+            lambda: list(streams.encode_upload(header, update, chunk_bytes)), repeats
         ),
     }
 
