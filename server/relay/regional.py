@@ -1,9 +1,10 @@
 """The relay's downstream half: geofl's own server pieces, serving one region's clients.
 
 The servicer, registry and model store are the coordinator's, on a private event loop in
-a thread. Each task from the coordinator becomes a fresh :class:`RoundEngine` over the
-region's clients, with an in-memory recorder instead of a database: the coordinator
-records the relay's participation, and the relay's local rounds are its "training".
+a thread. Each task from the coordinator becomes a fresh synchronous engine
+(``make_engine``) over the region's clients, with an in-memory recorder instead of a
+database: the coordinator records the relay's participation, and the relay's local rounds
+are its "training".
 
 Local model versions are planned by :class:`~geofl.server.relay.rounds.VersionPlan`.
 """

@@ -2,8 +2,8 @@
 
 With ``simulation.relays`` the coordinator's nodes are one relay per region, as on the
 wall clock (``geofl relay``). Each relay here is the same machinery a relay process runs
-(a :class:`RoundEngine` with a :class:`MemoryRecorder` over a registry of the region's
-clients, :class:`VersionPlan` numbering, :func:`local_budget`), fed by a
+(a synchronous engine with a :class:`MemoryRecorder` observer over a registry of the
+region's clients, :class:`VersionPlan` numbering, :func:`local_budget`), fed by a
 :class:`VirtualFleet` of the region's clients instead of gRPC. A fit task of the
 coordinator is:
 
