@@ -41,6 +41,7 @@ from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
+from geofl.server.transport.guard import Rejections, RpcGuard
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, open_database, queries
 
 log = logging.getLogger(__name__)
@@ -100,11 +101,12 @@ async def start_grpc_server(
         If the address cannot be bound.
     """
     server = grpc.aio.server(
+        interceptors=[RpcGuard(state.rejections)],
         options=[
             ("grpc.max_receive_message_length", 8 << 20),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-        ]
+        ],
     )
     add_to_server(CoordinatorServicer(state), server)
     try:
@@ -251,6 +253,11 @@ class Coordinator:
     def models(self) -> ModelStore:
         """The published model versions (what clients download)."""
         return self._state.models
+
+    @property
+    def rejections(self) -> Rejections:
+        """Every RPC the server refused, counted by method and status."""
+        return self._state.rejections
 
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""

@@ -47,6 +47,7 @@ from geofl.server.nodes.outcomes import (
 )
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.nodes.updates import announced_size, check_num_examples, delta_check
+from geofl.server.transport.guard import Rejections
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class ServerState:
     models: ModelStore = field(default_factory=ModelStore)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     upload_budget: MemoryBudget = field(default_factory=MemoryBudget)
+    rejections: Rejections = field(default_factory=Rejections)
     #: Largest reply to a message task (its arrays), bytes.
     max_message_bytes: int = 8 << 30
     #: Regions a node may name when it joins (empty: any).
