@@ -169,7 +169,11 @@ class Coordinator:
         self.db: Database = open_database(config.storage.url)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
-        self.registry = Registry(config.server.heartbeat_interval_s, clock=clock)
+        self.registry = Registry(
+            config.server.heartbeat_interval_s,
+            clock=clock,
+            selectable=config.schedule.selection.node_config,
+        )
         self.weights, self.run_id, self.start_round = self._resume_or_create()
         self._check_layer_sync(self.weights)
         size = model_bytes(spec_of(self.weights))

@@ -56,6 +56,12 @@ class SelectionConfig(Section):
         allow_inf_nan=False,
         description="Share of the cohort given to clients never measured yet.",
     )
+    node_config: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Only nodes whose node config has all of these values are given work "
+        "(as a Flower Criterion would select them); the others stay connected and idle. "
+        "{} = every node.",
+    )
 
 
 class StalenessConfig(Section):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -128,10 +128,15 @@ class Registry:
     """Sessions by token, tasks by id, and liveness."""
 
     def __init__(
-        self, heartbeat_interval_s: float, patience: int = 3, clock: Clock = WALL_CLOCK
+        self,
+        heartbeat_interval_s: float,
+        patience: int = 3,
+        clock: Clock = WALL_CLOCK,
+        selectable: Mapping[str, Scalar] | None = None,
     ) -> None:
         self.clock = clock
         self.heartbeat_interval_s = heartbeat_interval_s
+        self._selectable = dict(selectable or {})
         self.changes = ChangeSignal()
         self._simulated: SimulatedNodes | None = None
         self._patience = patience
@@ -178,8 +183,15 @@ class Registry:
         return session
 
     def available(self) -> list[NodeSession]:
-        """Online nodes with no task in hand, in join order."""
-        return [s for s in self._by_id.values() if s.online and s.current is None]
+        """Online, selectable nodes with no task in hand, in join order."""
+        return [
+            s for s in self._by_id.values() if s.online and s.current is None and self.selectable(s)
+        ]
+
+    def selectable(self, session: NodeSession) -> bool:
+        """Whether rounds may give ``session`` work (``schedule.selection.node_config``)."""
+        config = session.node_config
+        return all(config.get(key) == value for key, value in self._selectable.items())
 
     def online(self) -> list[NodeSession]:
         """Every online node."""

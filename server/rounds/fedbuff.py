@@ -290,7 +290,9 @@ class FedBuffEngine:
         return [
             s
             for s in self._parts.registry.online()
-            if (s.current is None or s.current.future.done()) and s.node_id not in self._reserved
+            if self._parts.registry.selectable(s)
+            and (s.current is None or s.current.future.done())
+            and s.node_id not in self._reserved
         ]
 
     def _candidates(self) -> list[NodeSession]:

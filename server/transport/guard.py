@@ -14,7 +14,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -24,6 +24,10 @@ from geofl.protocols.errors import ProtocolError
 log = logging.getLogger(__name__)
 
 Context = grpc.aio.ServicerContext[Any, Any]
+if TYPE_CHECKING:  # generic in grpc's stubs only
+    _Interceptor = grpc.aio.ServerInterceptor[Any, Any]
+else:
+    _Interceptor = grpc.aio.ServerInterceptor
 Deserializer = Callable[[bytes], Any]
 
 
@@ -74,7 +78,7 @@ def _decoded(deserializer: Deserializer | None, raw: Any) -> Any:
         raise ProtocolError(f"the request does not parse: {exc}") from exc
 
 
-class RpcGuard(grpc.aio.ServerInterceptor[Any, Any]):
+class RpcGuard(_Interceptor):
     """Decodes unary requests in the handler and records every non-OK status."""
 
     def __init__(self, rejections: Rejections) -> None:
@@ -82,7 +86,9 @@ class RpcGuard(grpc.aio.ServerInterceptor[Any, Any]):
 
     async def intercept_service(
         self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]],
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any]]
+        ],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler[Any, Any]:
         handler = await continuation(handler_call_details)

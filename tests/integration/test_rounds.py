@@ -147,3 +147,25 @@ def test_uploads_spilled_to_disk_aggregate_the_same(tmp_path: Path, serve: Any) 
     weights = _final_weights(config, result.run_id)
     np.testing.assert_array_equal(weights["big"], np.full(6_000_000, 3.0, np.float32))
     assert server.coordinator._state.upload_budget.peak == 0
+
+
+def test_selection_node_config_keeps_other_nodes_connected_but_idle(
+    tmp_path: Path, serve: Any
+) -> None:
+    config = run_config(
+        tmp_path,
+        run={"rounds": 2},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 3, "min_clients": 2},
+        schedule={"selection": {"node_config": {"pool": "real"}}},
+    )
+    server = serve(config)
+    server.add_client(0, pool="real")
+    server.add_client(1, pool="real")
+    server.add_client(2, pool="crowd")
+    result = server.wait()
+    assert result.status == "completed"
+    detail = _detail(config, result.run_id)
+    trained = {p.node_name for p in detail.participations}
+    assert trained == {"node-0", "node-1"}
+    assert [r.num_succeeded for r in detail.rounds] == [2, 2]
