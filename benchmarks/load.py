@@ -1,0 +1,298 @@
+"""Many connected nodes on one server while a real round runs (issue 14, load).
+
+A ``geofl server`` process serves the quickstart run (scikit-learn digits, FedAvg) with
+``schedule.selection.node_config: {pool: real}``, so rounds are trained by three real
+``geofl client`` processes while a *crowd* of lightweight asyncio nodes stays connected:
+each crowd node has its own gRPC channel (its own TCP connection), joins, sends a
+heartbeat every ``server.heartbeat_interval_s`` and keeps a long poll for work open, as
+an idle client of a large federation does. The crowd runs in ``--crowd-processes``
+processes of this module (``--crowd-child``).
+
+Per case (crowd size 0, then each ``--crowds`` size): the crowd's join time and joins per
+second, the server's peak RSS and CPU share while the real rounds run (psutil), whether
+every crowd node stayed connected (heartbeats answered) throughout, and the seconds per
+real round read from the run's database. The real rounds' times (rounds 2..R: round 1
+includes the real clients' start-up) are compared with the case without a crowd.
+
+Run as ``python -m benchmarks.load --crowds 1000,5000 --rounds 3``; prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psutil
+import yaml
+
+from benchmarks.core import REPO_ROOT, free_port, stop_tree, stop_trees, wait_for_port
+from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
+from geofl.server.transport.servicer import SESSION_METADATA_KEY
+from geofl.storage import open_database, queries
+
+__all__ = ["main", "run_case"]
+
+HEARTBEAT_S = 5.0
+REAL_CLIENTS = 3
+
+
+def run_yaml(port: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    """The quickstart run, trained by the ``pool: real`` nodes only."""
+    return {
+        "run": {"name": "load", "rounds": rounds, "seed": 7},
+        "model": "examples.quickstart.task:make_model",
+        "strategy": {"name": "fedavg", "clients_per_round": REAL_CLIENTS, "min_clients": 3},
+        "round_config": {"local_epochs": 1, "lr": 0.05, "batch_size": 32},
+        "evaluation": {"every": 1, "server": "examples.quickstart.task:server_evaluate"},
+        "schedule": {
+            "wait_for_clients_s": 600,
+            "deadline_s": 120,
+            "selection": {"node_config": {"pool": "real"}},
+        },
+        "storage": {
+            "url": f"sqlite:///{workdir / 'load.db'}",
+            "checkpoints": str(workdir / "ckpt"),
+        },
+        "server": {"address": f"127.0.0.1:{port}", "heartbeat_interval_s": HEARTBEAT_S},
+    }
+
+
+# ------------------------------------------------------------------- the crowd
+
+
+async def _crowd_node(
+    port: int, name: str, joined: asyncio.Queue[float], stop: asyncio.Event, healthy: set[str]
+) -> None:
+    """One idle node; in ``healthy`` while its last heartbeat was answered."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
+        t0 = time.perf_counter()
+        request = pb.JoinRequest(protocol_versions=[1], node_name=name)
+        request.node_config["pool"].string = "crowd"
+        reply = await stub.Join(request, timeout=120)
+        await joined.put(time.perf_counter() - t0)
+        metadata = ((SESSION_METADATA_KEY, reply.session_token),)
+
+        async def beat() -> None:
+            while not stop.is_set():
+                try:
+                    await stub.Heartbeat(pb.HeartbeatRequest(), metadata=metadata, timeout=60)
+                    healthy.add(name)
+                except grpc.aio.AioRpcError:
+                    healthy.discard(name)
+                await asyncio.sleep(HEARTBEAT_S)
+
+        async def poll() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await stub.GetTask(
+                        pb.GetTaskRequest(poll_timeout_s=30), metadata=metadata, timeout=90
+                    )
+
+        tasks = [asyncio.create_task(beat()), asyncio.create_task(poll())]
+        await stop.wait()
+        for task in tasks:
+            task.cancel()
+
+
+async def _crowd(port: int, nodes: int, prefix: str, status: Path) -> None:
+    joined: asyncio.Queue[float] = asyncio.Queue()
+    stop = asyncio.Event()
+    healthy: set[str] = set()
+    started = time.perf_counter()
+    workers = [
+        asyncio.create_task(_crowd_node(port, f"{prefix}-{i}", joined, stop, healthy))
+        for i in range(nodes)
+    ]
+    join_s = [await joined.get() for _ in range(nodes)]
+    report: dict[str, Any] = {"joined": nodes, "join_wall_s": time.perf_counter() - started}
+    report["join_s"] = join_s
+    stop_file = status.with_suffix(".stop")
+    while not stop_file.exists():
+        report["healthy"] = len(healthy)
+        _write_atomically(status, json.dumps(report))
+        await asyncio.sleep(1.0)
+    stop.set()
+    await asyncio.gather(*workers, return_exceptions=True)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+# ------------------------------------------------------------------- one case
+
+
+def _python_env() -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH", "")
+    return {
+        **os.environ,
+        "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{path}" if path else str(REPO_ROOT),
+    }
+
+
+def _wait_for(paths: Sequence[Path], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() and p.stat().st_size > 0 for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the crowd did not join within {timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def _start_crowd(
+    port: int, crowd: int, processes: int, workdir: Path
+) -> list[tuple[subprocess.Popen[bytes], Path]]:
+    children = []
+    for index in range(processes):
+        nodes = crowd // processes + (1 if index < crowd % processes else 0)
+        status = workdir / f"crowd-{index}.json"
+        command = [sys.executable, "-m", "benchmarks.load", "--crowd-child", str(nodes)]
+        command += ["--port", str(port), "--prefix", f"crowd{index}", "--status", str(status)]
+        children.append((subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT), status))
+    return children
+
+
+def _round_seconds(db_url: str) -> list[float]:
+    with open_database(db_url, migrate=False) as db, db.session() as session:
+        run_id = queries.list_runs(session)[0].id
+        detail = queries.run_detail(session, run_id)
+    return [r.duration_s for r in detail.rounds if r.duration_s is not None]
+
+
+def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
+    """One server, ``crowd`` idle nodes, the real rounds; the case's figures."""
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = Path(scratch)
+        port = free_port()
+        config = workdir / "run.yaml"
+        config.write_text(yaml.safe_dump(run_yaml(port, rounds, workdir)))
+        server = subprocess.Popen(
+            [sys.executable, "-m", "geofl.server.cli.main", "server", "-c", str(config)],
+            env=_python_env(),
+            cwd=REPO_ROOT,
+        )
+        children: list[tuple[subprocess.Popen[bytes], Path]] = []
+        clients: list[subprocess.Popen[bytes]] = []
+        try:
+            wait_for_port(port, 60)
+            proc = psutil.Process(server.pid)
+            crowd_report: dict[str, Any] = {}
+            if crowd:
+                children = _start_crowd(port, crowd, crowd_processes, workdir)
+                _wait_for([s for _, s in children], timeout_s=600)
+                crowd_report = _joins([json.loads(s.read_text()) for _, s in children])
+            idle_rss = proc.memory_info().rss
+            cpu0, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+            for i in range(REAL_CLIENTS):
+                command = [sys.executable, "-m", "geofl.client", "--server", f"127.0.0.1:{port}"]
+                command += ["--app", "examples.quickstart.task:client_app", "--name", f"real-{i}"]
+                command += ["--node-config", "pool=real", f"partition-id={i}"]
+                command += [f"num-partitions={REAL_CLIENTS}"]
+                clients.append(subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT))
+            watch = _watch(proc, server, [s for _, s in children], timeout_s=900)
+            for _, status in children:
+                status.with_suffix(".stop").write_text("")
+            for child, _ in children:
+                child.wait(120)
+            return {
+                "crowd": crowd,
+                "server_exit": server.returncode,
+                "round_s": _round_seconds(f"sqlite:///{workdir / 'load.db'}"),
+                "server_rss_idle_mb": idle_rss / 2**20,
+                "server_rss_peak_mb": watch.peak_rss / 2**20,
+                "server_cpu_share": (watch.cpu_s - cpu0) / (watch.at - t0),
+                "crowd_healthy_min": watch.healthy_min,
+                **crowd_report,
+            }
+        finally:
+            stop_trees([c.pid for c in clients] + [c.pid for c, _ in children])
+            stop_tree(server.pid)
+
+
+def _joins(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    join_s = [s for r in reports for s in r["join_s"]]
+    wall = max(r["join_wall_s"] for r in reports)
+    return {
+        "joined": sum(r["joined"] for r in reports),
+        "join_ms_median": 1000 * statistics.median(join_s),
+        "joins_per_s": len(join_s) / wall,
+    }
+
+
+@dataclass
+class _Watch:
+    peak_rss: int = 0
+    cpu_s: float = 0.0
+    at: float = 0.0
+    #: The fewest crowd nodes with a heartbeat answered, over the real rounds (None: no crowd).
+    healthy_min: int | None = None
+
+
+def _watch(
+    proc: psutil.Process,
+    server: subprocess.Popen[bytes],
+    statuses: Sequence[Path],
+    timeout_s: float,
+) -> _Watch:
+    """Sample the server's RSS and CPU time and the crowd's health until the server exits."""
+    deadline = time.monotonic() + timeout_s
+    watch = _Watch()
+    while server.poll() is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the real rounds did not finish")
+        try:
+            watch.peak_rss = max(watch.peak_rss, proc.memory_info().rss)
+            watch.cpu_s, watch.at = sum(proc.cpu_times()[:2]), time.monotonic()
+        except psutil.NoSuchProcess:
+            break
+        if statuses and server.poll() is None:
+            healthy = sum(json.loads(s.read_text())["healthy"] for s in statuses)
+            watch.healthy_min = min(healthy, watch.healthy_min or healthy)
+        time.sleep(0.5)
+    return watch
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--crowds", default="1000,5000", help="crowd sizes, comma-separated")
+    parser.add_argument("--rounds", type=int, default=4, help="at least 2")
+    parser.add_argument("--crowd-processes", type=int, default=4)
+    parser.add_argument("--crowd-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--status", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.crowd_child is not None:
+        asyncio.run(_crowd(args.port, args.crowd_child, args.prefix, args.status))
+        return 0
+    cases = [run_case(0, args.rounds, args.crowd_processes)]
+    for size in (int(s) for s in args.crowds.split(",") if s):
+        cases.append(run_case(size, args.rounds, args.crowd_processes))
+        print(json.dumps(cases[-1]), file=sys.stderr)
+    # Round 1 includes the real clients' start-up and joining: compare rounds 2..R.
+    alone = statistics.median(cases[0]["round_s"][1:])
+    for case in cases:
+        case["round_s_median"] = statistics.median(case["round_s"][1:])
+        case["round_vs_alone"] = case["round_s_median"] / alone
+    print(json.dumps({"cases": cases, "load_average": os.getloadavg()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
