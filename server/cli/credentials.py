@@ -25,7 +25,15 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from geofl.protocols.errors import GeoflError
 from geofl.protocols.identity import generate_key, private_pem, public_pem
 
-__all__ = ["add_arguments", "run_credentials"]
+__all__ = [
+    "add_arguments",
+    "certs_ca",
+    "certs_leaf",
+    "keys_new",
+    "node_entry",
+    "run_credentials",
+    "subject_name",
+]
 
 _EXIT_OK, _EXIT_USAGE = 0, 2
 _CA_FILES = ("ca.pem", "ca.key")
@@ -74,7 +82,7 @@ def keys_new(name: str, out: Path, region: str | None, force: bool) -> tuple[Pat
     return private, entry
 
 
-def _name(common: str, unit: str | None = None) -> x509.Name:
+def subject_name(common: str, unit: str | None = None) -> x509.Name:
     attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common)]
     if unit:
         attributes.append(x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, unit))
@@ -107,7 +115,7 @@ def certs_ca(out: Path, name: str, days: int, force: bool) -> Path:
     """A new CA (``ca.pem``, ``ca.key``) under ``out``."""
     key = ec.generate_private_key(ec.SECP256R1())
     certificate = (
-        _builder(_name(name), _name(name), days)
+        _builder(subject_name(name), subject_name(name), days)
         .public_key(key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -222,7 +230,7 @@ def _run(args: argparse.Namespace) -> list[Path]:
     if args.certs_command == "ca":
         return [certs_ca(args.out, args.name, args.days, args.force)]
     if args.certs_command == "server":
-        subject = _name(args.host[0])
+        subject = subject_name(args.host[0])
         return list(
             certs_leaf(
                 args.ca,
@@ -234,7 +242,7 @@ def _run(args: argparse.Namespace) -> list[Path]:
                 force=args.force,
             )
         )
-    subject = _name(args.name, args.region)
+    subject = subject_name(args.name, args.region)
     return list(certs_leaf(args.ca, args.out, args.name, subject, days=args.days, force=args.force))
 
 
