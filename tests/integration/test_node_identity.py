@@ -31,6 +31,7 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.cli.credentials import certs_ca, certs_leaf, keys_new
 from geofl.server.config import RunConfig
+from geofl.server.relay import Relay, RelayConfig
 from geofl.storage import open_database
 from geofl.storage.models import Event, Node
 
@@ -344,3 +345,64 @@ def test_mutual_tls_names_nodes_after_their_certificates(
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         nodes = sorted((n.name, n.region) for n in session.scalars(select(Node)))
     assert nodes == [("node-0", "eu"), ("node-1", "eu")]
+
+
+def test_a_relay_authenticates_upstream_and_downstream(
+    tmp_path: Path, serve: Any, keys: dict[str, Path]
+) -> None:
+    relay_key, relay_entry = keys_new("relay-a", tmp_path / "relay-keys", "a", force=False)
+    upstream_nodes = tmp_path / "coordinator-nodes"
+    upstream_nodes.mkdir()
+    (upstream_nodes / relay_entry.name).write_text(relay_entry.read_text())
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 1, "min_clients": 1},
+        server={"auth": {"nodes": str(upstream_nodes)}},
+    )
+    server = serve(config)
+    relay = Relay(
+        RelayConfig.model_validate(
+            {
+                "relay": {"region": "a"},
+                "upstream": {
+                    "address": f"127.0.0.1:{server.port}",
+                    "reconnect_for_s": 10,
+                    "node_key": str(relay_key),
+                },
+                "server": {
+                    "address": "127.0.0.1:0",
+                    "heartbeat_interval_s": 0.5,
+                    "auth": {"nodes": str(keys["authorized"])},  # node-0 and node-1
+                },
+                "schedule": {"deadline_s": 20, "wait_for_clients_s": 5},
+            }
+        )
+    )
+    port = relay.start()
+    intruder = Connection(f"127.0.0.1:{port}", node_key=keys["intruder"])
+    with pytest.raises(IdentityRefusedError, match="not authorized"):
+        intruder.join("intruder", None, {}, timeout=5)
+    intruder.close()
+    local = ClientRuntime(
+        ClientOptions(
+            server=f"127.0.0.1:{port}",
+            node_name="node-0",
+            node_key=keys["node-0"],
+            node_config={"partition-id": 0},
+            reconnect_for_s=10,
+        ),
+        load_client_app("geofl_testapp:client_app"),
+    )
+    threads = [threading.Thread(target=local.run, daemon=True)]
+    threads[0].start()
+    _wait_for(lambda: relay.local_clients() == 1, "the relay's client did not join")
+    threads.append(threading.Thread(target=relay.run, daemon=True))
+    threads[1].start()
+    assert server.result.result(timeout=60).status == "completed"
+    for thread in threads:
+        thread.join(20)
+    assert local.tasks_done == 1
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        assert [(n.name, n.region) for n in session.scalars(select(Node))] == [("relay-a", "a")]
