@@ -15,13 +15,45 @@ from pathlib import Path
 from typing import NoReturn
 
 from geofl.client.app import ClientAppError, load_client_app
+from geofl.client.connection import CredentialsError, TlsVerificationError
 from geofl.client.runtime import ClientOptions, ClientRuntime, GaveUpError
-from geofl.protocols.errors import ErrorCode, WireError
+from geofl.protocols.errors import ErrorCode, IdentityRefusedError, WireError
+from geofl.protocols.identity import KeyFileError
 from geofl.protocols.types import Scalar
 
 # Exit codes shared with the ``geofl`` program (see geofl.server.cli.exit_codes).
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_USER_CODE, EXIT_UNREACHABLE, EXIT_PROTOCOL = 0, 1, 2, 5, 6, 7
+EXIT_IDENTITY, EXIT_TLS, EXIT_CREDENTIALS = 8, 9, 10
 EXIT_INTERRUPTED = 130
+
+#: Errors that retrying cannot fix: (class, exit code, hint printed after the error).
+NON_RETRYABLE: tuple[tuple[type[Exception], int, str], ...] = (
+    (
+        IdentityRefusedError,
+        EXIT_IDENTITY,
+        "the server does not accept this node's identity: give its operator your public key "
+        "(NAME.node.yaml from `geofl keys new`) for server.auth.nodes, or check --node-key, "
+        "--name and --region (see docs/security.md)",
+    ),
+    (
+        TlsVerificationError,
+        EXIT_TLS,
+        "check that --root-certificates is the CA that signed the server's certificate (and "
+        "its name matches the --server host), and with mutual TLS that the server's "
+        "tls.client_ca signed --tls-cert (see docs/security.md)",
+    ),
+    (
+        CredentialsError,
+        EXIT_CREDENTIALS,
+        "check the paths of --root-certificates, --tls-cert, --tls-key and --node-key",
+    ),
+    (
+        KeyFileError,
+        EXIT_CREDENTIALS,
+        "--node-key must be the NAME.key file written by `geofl keys new NAME`",
+    ),
+)
+_PROTOCOL_HINT = "install the same geofl protocol version on this client and the server"
 
 
 def parse_value(text: str) -> Scalar:
@@ -82,6 +114,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="CA certificate(s) to verify the server's TLS certificate",
     )
     parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="mutual TLS: this node's certificate (geofl certs node NAME)",
+    )
+    parser.add_argument("--tls-key", type=Path, metavar="PEM", help="mutual TLS: its private key")
+    parser.add_argument(
+        "--node-key",
+        type=Path,
+        metavar="NAME.key",
+        help="Ed25519 key proving this node's identity (geofl keys new NAME); the node's "
+        "name defaults to the file's stem",
+    )
+    parser.add_argument(
         "--reconnect-for",
         type=float,
         default=300.0,
@@ -121,14 +167,23 @@ def run(args: argparse.Namespace) -> int:
         region=args.region,
         node_config=node_config,
         root_certificates=args.root_certificates,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        node_key=args.node_key,
         reconnect_for_s=args.reconnect_for,
         state_dir=args.state_dir,
     )
     if args.name:
         options.node_name = args.name
-    runtime = ClientRuntime(options, factory)
+    elif args.node_key is not None:
+        options.node_name = args.node_key.stem  # geofl keys new NAME writes NAME.key
+    elif args.tls_cert is not None:
+        options.node_name = ""  # the server names the node after its certificate
     try:
+        runtime = ClientRuntime(options, factory)
         runtime.run()
+    except tuple(cls for cls, _, _ in NON_RETRYABLE) as exc:
+        return _refused(exc)
     except GaveUpError as exc:
         print(f"geofl client: error: {exc}", file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -136,8 +191,21 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
     except WireError as exc:
         print(f"geofl client: error: {exc}", file=sys.stderr)
-        return EXIT_PROTOCOL if exc.code is ErrorCode.PROTOCOL_VERSION else EXIT_FAILED
+        if exc.code is ErrorCode.PROTOCOL_VERSION:
+            print(f"geofl client: hint: {_PROTOCOL_HINT}", file=sys.stderr)
+            return EXIT_PROTOCOL
+        return EXIT_FAILED
     return EXIT_OK
+
+
+def _refused(exc: Exception) -> int:
+    """Print a non-retryable error and its hint; its exit code."""
+    for cls, code, hint in NON_RETRYABLE:
+        if isinstance(exc, cls):
+            print(f"geofl client: error: {exc}", file=sys.stderr)
+            print(f"geofl client: hint: {hint}", file=sys.stderr)
+            return code
+    raise exc
 
 
 def exit_process(code: int) -> NoReturn:
@@ -161,4 +229,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser.parse_args(argv))
 
 
-__all__ = ["add_arguments", "main", "parse_node_config", "parse_value", "run"]
+__all__ = ["NON_RETRYABLE", "add_arguments", "main", "parse_node_config", "parse_value", "run"]

@@ -12,6 +12,7 @@ import grpc
 
 from geofl.protocols import serde, streams
 from geofl.protocols.errors import GeoflError, WireError, error_from_details
+from geofl.protocols.identity import join_message, load_private_key, raw_public_key
 from geofl.protocols.tensors import Tensorish
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
@@ -24,6 +25,29 @@ SERVICE_NAME = "geofl.v1.Coordinator"
 
 class ServerUnavailableError(GeoflError):
     """The server cannot be reached right now (retry with backoff)."""
+
+
+class CredentialsError(GeoflError):
+    """A certificate or key file the client was given is missing or unreadable."""
+
+
+class TlsVerificationError(GeoflError):
+    """The TLS handshake failed on a certificate: retrying cannot help."""
+
+
+#: Handshake failures gRPC reports in an UNAVAILABLE status that are certificate problems.
+_CERTIFICATE_FAILURES = ("CERTIFICATE_VERIFY_FAILED", "Tls handshake failed", "Ssl handshake")
+#: A server that refuses the client's certificate closes the socket during the handshake
+#: (TLS 1.3 sends the alert after the client's view of the handshake): this many in a row,
+#: before any call ever succeeded, are taken as that refusal.
+_CLOSED_HANDSHAKES = 3
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise CredentialsError(f"{what} {path}: cannot read: {exc.strerror or exc}") from None
 
 
 def default_node_name() -> str:
@@ -41,6 +65,8 @@ class Session:
     run_id: int
     run_name: str
     run_config: dict[str, Scalar]
+    #: The name the server registered (the credential's on an authenticating server).
+    node_name: str = ""
 
 
 def translate(error: grpc.RpcError) -> Exception:
@@ -50,6 +76,10 @@ def translate(error: grpc.RpcError) -> Exception:
     specific = error_from_details(details)
     if specific is not None:
         return specific
+    if code is grpc.StatusCode.UNAVAILABLE and any(
+        f in (details or "") for f in _CERTIFICATE_FAILURES
+    ):
+        return TlsVerificationError(f"TLS certificate verification failed: {details}")
     if code in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -60,16 +90,48 @@ def translate(error: grpc.RpcError) -> Exception:
 
 
 class Connection:
-    """A channel to the coordinator with typed calls."""
+    """A channel to the coordinator with typed calls.
 
-    def __init__(self, address: str, root_certificates: Path | None = None) -> None:
+    ``client_certificate`` (certificate chain, key) makes it a mutual-TLS channel;
+    ``node_key`` an Ed25519 key file that signs the server's join challenge.
+
+    Raises
+    ------
+    CredentialsError
+        If a certificate or key file is missing or unreadable.
+    geofl.protocols.identity.KeyFileError
+        If ``node_key`` is not an Ed25519 private key.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        root_certificates: Path | None = None,
+        *,
+        client_certificate: tuple[Path, Path] | None = None,
+        node_key: Path | None = None,
+    ) -> None:
         options = [
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.max_receive_message_length", 8 << 20),
+            # One connection of its own: an authenticated session is bound to it, and gRPC
+            # would otherwise share one connection among channels to the same address.
+            ("grpc.use_local_subchannel_pool", 1),
         ]
-        if root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates.read_bytes())
+        if node_key is not None:
+            _read(node_key, "node key")
+        self._key = load_private_key(node_key) if node_key is not None else None
+        self._mutual = client_certificate is not None
+        self._closed_handshakes = 0
+        self._joined_once = False
+        if root_certificates is not None or client_certificate is not None:
+            roots = _read(root_certificates, "CA certificates") if root_certificates else None
+            chain = key = None
+            if client_certificate is not None:
+                chain = _read(client_certificate[0], "client certificate")
+                key = _read(client_certificate[1], "client certificate key")
+            creds = grpc.ssl_channel_credentials(roots, key, chain)
             self._channel = grpc.secure_channel(address, creds, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
@@ -104,10 +166,13 @@ class Connection:
         )
         serde.fill_scalar_map(request.node_config, node_config)
         try:
+            if self._key is not None:
+                self._prove(request, timeout)
             reply: pb.JoinReply = self._stub.Join(request, timeout=timeout)
         except grpc.RpcError as exc:
-            raise translate(exc) from exc
+            raise self._join_failure(exc) from exc
         self._token = reply.session_token
+        self._joined_once = True
         return Session(
             reply.node_id,
             reply.session_token,
@@ -115,7 +180,38 @@ class Connection:
             reply.run_id,
             reply.run_name,
             serde.scalar_map(reply.run_config),
+            reply.node_name or node_name,
         )
+
+    def _prove(self, request: pb.JoinRequest, timeout: float) -> None:
+        """Sign a fresh server challenge for ``request`` with the node key."""
+        if self._key is None:
+            return
+        challenge: pb.ChallengeReply = self._stub.Challenge(pb.ChallengeRequest(), timeout=timeout)
+        message = join_message(
+            challenge.run_id,
+            challenge.run_name,
+            challenge.nonce,
+            challenge.channel,
+            request.node_name,
+        )
+        request.proof.public_key = raw_public_key(self._key.public_key())
+        request.proof.nonce = challenge.nonce
+        request.proof.signature = self._key.sign(message)
+
+    def _join_failure(self, exc: grpc.RpcError) -> Exception:
+        """The error of a failed join; repeated closed handshakes of mutual TLS are a
+        refused client certificate, not an outage."""
+        error = translate(exc)
+        details = exc.details() if isinstance(exc, grpc.Call) else ""
+        if self._mutual and not self._joined_once and "Socket closed" in (details or ""):
+            self._closed_handshakes += 1
+            if self._closed_handshakes >= _CLOSED_HANDSHAKES:
+                return TlsVerificationError(
+                    f"the server closed the TLS handshake {self._closed_handshakes} times: it "
+                    "does not accept this node's client certificate (or does not speak TLS)"
+                )
+        return error
 
     def heartbeat(self, timeout: float) -> None:
         """Tell the server we are alive."""
@@ -198,4 +294,12 @@ class Connection:
         return sent
 
 
-__all__ = ["Connection", "ServerUnavailableError", "Session", "default_node_name", "translate"]
+__all__ = [
+    "Connection",
+    "CredentialsError",
+    "ServerUnavailableError",
+    "Session",
+    "TlsVerificationError",
+    "default_node_name",
+    "translate",
+]

@@ -20,7 +20,13 @@ from pathlib import Path
 from geofl.client.app import Client, ClientContext
 from geofl.client.background_upload import BackgroundUpload
 from geofl.client.compressor import UploadCompressor
-from geofl.client.connection import Connection, ServerUnavailableError, Session, default_node_name
+from geofl.client.connection import (
+    Connection,
+    CredentialsError,
+    ServerUnavailableError,
+    Session,
+    default_node_name,
+)
 from geofl.client.partial_sync import GroupUpdate, LocalProgress, fit_in_segments
 from geofl.client.secure_rounds import SecureRounds
 from geofl.client.work import evaluate_model, fit_update, reported_loss
@@ -68,6 +74,11 @@ class ClientOptions:
     region: str | None = None
     node_config: dict[str, Scalar] = field(default_factory=dict)
     root_certificates: Path | None = None
+    #: Mutual TLS: this node's certificate chain and its key (PEM).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: Ed25519 key that proves the node's identity (``geofl keys new``).
+    node_key: Path | None = None
     poll_timeout_s: float = 20.0
     #: Give up when the server has been unreachable for this long.
     reconnect_for_s: float = 300.0
@@ -113,10 +124,21 @@ class ClientRuntime:
         self._client: Client | None = None
         self._context: ClientContext | None = None
         self._cache: tuple[int, Weights] | None = None
-        self._conn = Connection(options.server, options.root_certificates)
+        certificate = None
+        if options.tls_cert is not None or options.tls_key is not None:
+            if options.tls_cert is None or options.tls_key is None:
+                raise CredentialsError("mutual TLS needs both a client certificate and its key")
+            certificate = (options.tls_cert, options.tls_key)
+        self._conn = Connection(
+            options.server,
+            options.root_certificates,
+            client_certificate=certificate,
+            node_key=options.node_key,
+        )
         state_file = None
         if options.state_dir is not None:
-            state_file = options.state_dir / f"{options.node_name}.compression.safetensors"
+            state_name = options.node_name or "node"
+            state_file = options.state_dir / f"{state_name}.compression.safetensors"
         self._compressor = UploadCompressor(state_file)
         self._progress = LocalProgress()
         self._secure = SecureRounds()
@@ -126,7 +148,13 @@ class ClientRuntime:
         self.tasks_done = 0
 
     def run(self) -> None:
-        """Serve tasks until SHUTDOWN; raise :class:`GaveUpError` if the server never comes back."""
+        """Serve tasks until SHUTDOWN; raise :class:`GaveUpError` if the server never comes back.
+
+        Only an unreachable server and an expired session are retried: a refused identity
+        (:class:`~geofl.protocols.errors.IdentityRefusedError`), a failed certificate
+        verification (:class:`~geofl.client.connection.TlsVerificationError`) and a protocol
+        mismatch end the run at once, since retrying cannot change them.
+        """
         backoff = Backoff(
             self._opt.backoff_base_s,
             self._opt.backoff_max_s,
@@ -162,7 +190,7 @@ class ClientRuntime:
         if self._context is None:
             self._context = ClientContext(
                 node_id=self.session.node_id,
-                node_name=self._opt.node_name,
+                node_name=self.session.node_name or self._opt.node_name,
                 region=self._opt.region,
                 node_config=dict(self._opt.node_config),
                 run_config=dict(self.session.run_config),

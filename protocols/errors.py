@@ -21,6 +21,8 @@ beside the geofl one, so ``except X`` still catches it)::
     │   │   ├── ChecksumError                           geofl.protocols.errors
     │   │   └── CodecError (also ValueError)            geofl.protocols.codecs.base
     │   ├── SessionError                                geofl.protocols.errors
+    │   ├── IdentityRefusedError                        geofl.protocols.errors
+    │   ├── ForbiddenError                              geofl.protocols.errors
     │   ├── TaskError                                   geofl.protocols.errors
     │   └── RunFinishedError                            geofl.protocols.errors
     ├── SecAggError                                     geofl.protocols.secagg.errors
@@ -32,10 +34,12 @@ beside the geofl one, so ``except X`` still catches it)::
     │   ├── RecordNotFoundError (also LookupError)      geofl.storage.errors
     │   │   └── RunNotFoundError                        geofl.storage.errors
     │   └── RoundStateError                             geofl.storage.errors
+    ├── KeyFileError                                    geofl.protocols.identity
     ├── ConfigError                                     geofl.server.config.errors
     ├── AddressInUseError                               geofl.server.coordinator
     ├── FlowerAppError                                  geofl.server.flower.errors
     │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
+    ├── CredentialFileError                             geofl.server.cli.credentials
     ├── UserCodeError                                   geofl.server.models.loading
     ├── RegionalError                                   geofl.server.relay.rounds
     ├── RoundFailedError                                geofl.server.rounds.records
@@ -50,6 +54,8 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── FlowerConfigError (also ValueError)             geofl.server.strategies._flower_names
     ├── ClientAppError                                  geofl.client.app
     ├── ServerUnavailableError                          geofl.client.connection
+    ├── CredentialsError                                geofl.client.connection
+    ├── TlsVerificationError                            geofl.client.connection
     ├── FlowerReplyError                                geofl.client.flower.records
     ├── PartitionError (also ValueError)                geofl.client.partition
     ├── PartitionFileError (also ValueError)            geofl.client.partition
@@ -91,6 +97,12 @@ class ErrorCode(enum.Enum):
     DUPLICATE_RESULT = ("E110", grpc.StatusCode.ALREADY_EXISTS, "result already submitted")
     RUN_FINISHED = ("E111", grpc.StatusCode.FAILED_PRECONDITION, "the run is over")
     UNKNOWN_REGION = ("E112", grpc.StatusCode.FAILED_PRECONDITION, "region not served by the run")
+    IDENTITY_REFUSED = (
+        "E113",
+        grpc.StatusCode.UNAUTHENTICATED,
+        "node identity refused (unknown or revoked key, bad proof, or another node's name)",
+    )
+    FORBIDDEN = ("E114", grpc.StatusCode.PERMISSION_DENIED, "not permitted for this node")
     INTERNAL = ("E199", grpc.StatusCode.INTERNAL, "internal server error")
 
     def __init__(self, code: str, status: grpc.StatusCode, meaning: str) -> None:
@@ -164,6 +176,18 @@ class SessionError(WireError):
     error_code = ErrorCode.UNKNOWN_NODE
 
 
+class IdentityRefusedError(WireError):
+    """The server does not accept this node's identity; retrying cannot help."""
+
+    error_code = ErrorCode.IDENTITY_REFUSED
+
+
+class ForbiddenError(WireError):
+    """An authenticated node asked for something that is not its own (recorded)."""
+
+    error_code = ErrorCode.FORBIDDEN
+
+
 class TaskError(WireError):
     """A result for a task that is not (or no longer) assigned to this node."""
 
@@ -182,6 +206,8 @@ _BY_CODE: dict[ErrorCode, type[WireError]] = {
     ErrorCode.NON_FINITE: NonFiniteError,
     ErrorCode.CHECKSUM: ChecksumError,
     ErrorCode.UNKNOWN_NODE: SessionError,
+    ErrorCode.IDENTITY_REFUSED: IdentityRefusedError,
+    ErrorCode.FORBIDDEN: ForbiddenError,
     ErrorCode.UNKNOWN_TASK: TaskError,
     ErrorCode.TASK_EXPIRED: TaskError,
     ErrorCode.DUPLICATE_RESULT: TaskError,
@@ -203,7 +229,9 @@ def error_from_details(details: str | None) -> WireError | None:
 __all__ = [
     "ChecksumError",
     "ErrorCode",
+    "ForbiddenError",
     "GeoflError",
+    "IdentityRefusedError",
     "NonFiniteError",
     "ProtocolError",
     "RunFinishedError",

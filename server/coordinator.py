@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from geofl.server.models.loading import UserCodeError, load_initial_weights, loa
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
@@ -88,41 +91,131 @@ def build_strategy(config: RunConfig) -> Strategy:
     return make_strategy(name, **params)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def check_exposure(config: ServerConfig, source: str = "server") -> None:
+    """Refuse to serve beyond loopback without TLS and node authentication.
+
+    Raises
+    ------
+    ConfigError
+        If ``config.address`` is not a loopback address, TLS or node authentication is
+        missing, and ``server.insecure`` is not set; the message says what to add.
+    """
+    if config.insecure or is_loopback(config.host):
+        return
+    missing = []
+    if config.tls is None:
+        missing.append("TLS (server.tls)")
+    if not config.authenticates:
+        missing.append("node authentication (server.auth or server.tls.client_ca)")
+    if not missing:
+        return
+    raise ConfigError.single(
+        source,
+        f"{config.address} listens beyond loopback without {' and '.join(missing)}: anyone "
+        "who reaches the port could join under any name and submit updates. Configure them "
+        "(see docs/security.md), or set server.insecure: true to accept the risk",
+        path="server.address",
+    )
+
+
+def join_check(config: ServerConfig) -> JoinCheck:
+    """How ``config``'s server checks joining nodes (loads ``server.auth.nodes``).
+
+    Raises
+    ------
+    ConfigError
+        If the authorized nodes cannot be read or are invalid.
+    """
+    keys = AuthorizedNodes(Path(config.auth.nodes)) if config.auth is not None else None
+    mutual = config.tls is not None and config.tls.client_ca is not None
+    return JoinCheck(keys=keys, certificates=mutual)
+
+
+def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
+    """TLS credentials of ``config`` (verifying client certificates with a client CA)."""
+    tls = config.tls
+    if tls is None:
+        return None
+    pair = [(Path(tls.key).read_bytes(), Path(tls.cert).read_bytes())]
+    if tls.client_ca is None:
+        return grpc.ssl_server_credentials(pair)
+    return grpc.ssl_server_credentials(
+        pair, root_certificates=Path(tls.client_ca).read_bytes(), require_client_auth=True
+    )
+
+
 async def start_grpc_server(
     state: ServerState, config: ServerConfig
 ) -> tuple[grpc.aio.Server, int]:
     """Serve the Coordinator service for ``state`` on ``config.address``; returns the port.
 
     Shared by the coordinator and regional relays (which serve their region's clients).
+    The port is bound exclusively (no SO_REUSEPORT): a second server on it fails.
 
     Raises
     ------
+    ConfigError
+        If the address is beyond loopback without TLS and authentication (see
+        :func:`check_exposure`).
     AddressInUseError
         If the address cannot be bound.
     """
+    check_exposure(config)
     server = grpc.aio.server(
         interceptors=[RpcGuard(state.rejections)],
         options=[
+            ("grpc.so_reuseport", 0),
             ("grpc.max_receive_message_length", 8 << 20),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ],
     )
     add_to_server(CoordinatorServicer(state), server)
+    credentials = _credentials(config)
     try:
-        if config.tls is None:
+        if credentials is None:
             port = server.add_insecure_port(config.address)
         else:
-            creds = grpc.ssl_server_credentials(
-                [(Path(config.tls.key).read_bytes(), Path(config.tls.cert).read_bytes())]
-            )
-            port = server.add_secure_port(config.address, creds)
+            port = server.add_secure_port(config.address, credentials)
     except RuntimeError as exc:
-        raise AddressInUseError(f"cannot listen on {config.address}: {exc}") from exc
+        raise AddressInUseError(
+            f"cannot listen on {config.address}: address already in use (is another geofl "
+            "server or relay running on this port?)"
+        ) from exc
     if port == 0:
         raise AddressInUseError(f"cannot listen on {config.address}: address already in use")
     await server.start()
     return server, port
+
+
+async def watch_authorized_nodes(
+    check: JoinCheck, registry: Registry, reload: asyncio.Event, interval_s: float = 1.0
+) -> None:
+    """Re-read the authorized keys when a file changes or ``reload`` is set (SIGHUP), and
+    end the session of every node whose key is gone; until cancelled."""
+    keys = check.keys
+    if keys is None:
+        return
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reload.wait(), interval_s)
+        forced = reload.is_set()
+        reload.clear()
+        if not keys.refresh(force=forced):
+            continue
+        for session in registry.end_sessions(keys.still_valid, "node key revoked"):
+            credential = session.identity.credential if session.identity else "-"
+            log.warning("node %s (%s) revoked: session ended", session.name, credential)
 
 
 async def reap_offline(registry: Registry) -> None:
@@ -184,6 +277,8 @@ class Coordinator:
             )
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.reload_nodes = asyncio.Event()
         self._state = ServerState(
             registry=self.registry,
             run_id=self.run_id,
@@ -200,6 +295,8 @@ class Coordinator:
             compression=config.compression,
             upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
             regions=frozenset(config.server.regions),
+            join_check=join_check(config.server),
+            on_refusal=self._record_refusal,
         )
 
     # ------------------------------------------------------------ set-up
@@ -248,6 +345,18 @@ class Coordinator:
                 session, self.run_id, name, region, dict(node_config), now=self.clock.now()
             ).id
 
+    def _record_refusal(self, kind: str, details: dict[str, Scalar]) -> None:
+        """Write a refused identity, forbidden request or replay to the run's events."""
+        with self.db.session() as session:
+            queries.add_event(
+                session,
+                f"security.{kind}",
+                str(details.get("reason", kind)),
+                run_id=self.run_id,
+                data=dict(details),
+                now=self.clock.now(),
+            )
+
     def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
         """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
         with self.db.session() as session:
@@ -267,8 +376,21 @@ class Coordinator:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
+        self._watch_authorized_nodes()
         log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
         return self.port
+
+    def _watch_authorized_nodes(self) -> None:
+        """Follow ``server.auth.nodes``: on file changes, and on SIGHUP in the main thread."""
+        check = self._state.join_check
+        if check.keys is None:
+            return
+        self._watcher = asyncio.create_task(
+            watch_authorized_nodes(check, self.registry, self.reload_nodes)
+        )
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signal.SIGHUP, self.reload_nodes.set)
 
     # ------------------------------------------------------------ the run
 
@@ -350,6 +472,9 @@ class Coordinator:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving and close the database."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.stop(grace)
@@ -362,7 +487,11 @@ __all__ = [
     "Coordinator",
     "RunResult",
     "build_strategy",
+    "check_exposure",
+    "is_loopback",
+    "join_check",
     "reap_offline",
     "shutdown_clients",
     "start_grpc_server",
+    "watch_authorized_nodes",
 ]

@@ -152,7 +152,7 @@ class CompressionPlan(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[CodecStep, _Mapping]]] = ..., min_bytes: _Optional[int] = ..., error_feedback: _Optional[bool] = ..., max_staleness: _Optional[int] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("protocol_versions", "node_name", "region", "node_config", "client_version")
+    __slots__ = ("protocol_versions", "node_name", "region", "node_config", "client_version", "proof")
     class NodeConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,15 +165,45 @@ class JoinRequest(_message.Message):
     REGION_FIELD_NUMBER: _ClassVar[int]
     NODE_CONFIG_FIELD_NUMBER: _ClassVar[int]
     CLIENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
     protocol_versions: _containers.RepeatedScalarFieldContainer[int]
     node_name: str
     region: str
     node_config: _containers.MessageMap[str, Scalar]
     client_version: str
-    def __init__(self, protocol_versions: _Optional[_Iterable[int]] = ..., node_name: _Optional[str] = ..., region: _Optional[str] = ..., node_config: _Optional[_Mapping[str, Scalar]] = ..., client_version: _Optional[str] = ...) -> None: ...
+    proof: JoinProof
+    def __init__(self, protocol_versions: _Optional[_Iterable[int]] = ..., node_name: _Optional[str] = ..., region: _Optional[str] = ..., node_config: _Optional[_Mapping[str, Scalar]] = ..., client_version: _Optional[str] = ..., proof: _Optional[_Union[JoinProof, _Mapping]] = ...) -> None: ...
+
+class ChallengeRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ChallengeReply(_message.Message):
+    __slots__ = ("nonce", "channel", "run_id", "run_name", "ttl_s")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_NAME_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    channel: str
+    run_id: int
+    run_name: str
+    ttl_s: float
+    def __init__(self, nonce: _Optional[bytes] = ..., channel: _Optional[str] = ..., run_id: _Optional[int] = ..., run_name: _Optional[str] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class JoinProof(_message.Message):
+    __slots__ = ("public_key", "nonce", "signature")
+    PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    public_key: bytes
+    nonce: bytes
+    signature: bytes
+    def __init__(self, public_key: _Optional[bytes] = ..., nonce: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("protocol_version", "node_id", "session_token", "heartbeat_interval_s", "run_name", "run_id", "run_config", "max_chunk_bytes")
+    __slots__ = ("protocol_version", "node_id", "session_token", "heartbeat_interval_s", "run_name", "run_id", "run_config", "max_chunk_bytes", "node_name")
     class RunConfigEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +219,7 @@ class JoinReply(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RUN_CONFIG_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_NAME_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     node_id: int
     session_token: str
@@ -197,7 +228,8 @@ class JoinReply(_message.Message):
     run_id: int
     run_config: _containers.MessageMap[str, Scalar]
     max_chunk_bytes: int
-    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[int] = ..., session_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., run_name: _Optional[str] = ..., run_id: _Optional[int] = ..., run_config: _Optional[_Mapping[str, Scalar]] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    node_name: str
+    def __init__(self, protocol_version: _Optional[int] = ..., node_id: _Optional[int] = ..., session_token: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., run_name: _Optional[str] = ..., run_id: _Optional[int] = ..., run_config: _Optional[_Mapping[str, Scalar]] = ..., max_chunk_bytes: _Optional[int] = ..., node_name: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ()

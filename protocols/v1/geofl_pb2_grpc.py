@@ -34,6 +34,11 @@ class CoordinatorStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Challenge = channel.unary_unary(
+                '/geofl.v1.Coordinator/Challenge',
+                request_serializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeRequest.SerializeToString,
+                response_deserializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeReply.FromString,
+                _registered_method=True)
         self.Join = channel.unary_unary(
                 '/geofl.v1.Coordinator/Join',
                 request_serializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.JoinRequest.SerializeToString,
@@ -63,6 +68,14 @@ class CoordinatorStub:
 
 class CoordinatorServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def Challenge(self, request, context):
+        """A fresh nonce for a node that proves its identity with a key (see JoinRequest.proof);
+        it is bound to this run and to the connection it was asked on.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def Join(self, request, context):
         """Register (or re-register after a restart) and negotiate the protocol version.
@@ -103,6 +116,11 @@ class CoordinatorServicer:
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Challenge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Challenge,
+                    request_deserializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeRequest.FromString,
+                    response_serializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeReply.SerializeToString,
+            ),
             'Join': grpc.unary_unary_rpc_method_handler(
                     servicer.Join,
                     request_deserializer=geofl_dot_protocols_dot_v1_dot_geofl__pb2.JoinRequest.FromString,
@@ -138,6 +156,33 @@ def add_CoordinatorServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Coordinator:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Challenge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/geofl.v1.Coordinator/Challenge',
+            geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeRequest.SerializeToString,
+            geofl_dot_protocols_dot_v1_dot_geofl__pb2.ChallengeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Join(request,

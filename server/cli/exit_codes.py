@@ -22,6 +22,9 @@ class ExitCode(enum.IntEnum):
     USER_CODE = 5
     SERVER_UNREACHABLE = 6
     PROTOCOL = 7
+    IDENTITY_REFUSED = 8
+    TLS_VERIFICATION = 9
+    CREDENTIALS = 10
     INTERRUPTED = 130
 
 
@@ -34,6 +37,9 @@ HELP: dict[ExitCode, str] = {
     ExitCode.USER_CODE: "user code named in the configuration cannot be imported or misbehaves",
     ExitCode.SERVER_UNREACHABLE: "a client gave up: the server stayed unreachable",
     ExitCode.PROTOCOL: "client and server disagree on the protocol (version, session)",
+    ExitCode.IDENTITY_REFUSED: "the server refused this node's identity (unknown or revoked key)",
+    ExitCode.TLS_VERIFICATION: "a TLS certificate could not be verified (wrong CA, name)",
+    ExitCode.CREDENTIALS: "a certificate or key file is missing, unreadable or not a key",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM); a server's run stays resumable",
 }
 
@@ -48,6 +54,10 @@ CODES: tuple[tuple[str, str, ExitCode], ...] = (
     ("geofl.server.models.loading", "UserCodeError", ExitCode.USER_CODE),
     ("geofl.server.flower.errors", "FlowerAppError", ExitCode.USER_CODE),
     ("geofl.client.runtime", "GaveUpError", ExitCode.SERVER_UNREACHABLE),
+    ("geofl.protocols.errors", "IdentityRefusedError", ExitCode.IDENTITY_REFUSED),
+    ("geofl.client.connection", "TlsVerificationError", ExitCode.TLS_VERIFICATION),
+    ("geofl.client.connection", "CredentialsError", ExitCode.CREDENTIALS),
+    ("geofl.protocols.identity", "KeyFileError", ExitCode.CREDENTIALS),
 )
 _GEOFL_ERROR = ("geofl.protocols.errors", "GeoflError")
 

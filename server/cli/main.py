@@ -115,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--json", action="store_true", help="machine-readable JSON output")
 
+    keys = sub.add_parser(
+        "keys",
+        help="make a node's Ed25519 key pair (node identity by key)",
+        description="Node identity by key: see docs/security.md.",
+    )
+    certs = sub.add_parser(
+        "certs",
+        help="make a CA, a server certificate and node certificates (mutual TLS)",
+        description="Mutual TLS certificates: see docs/security.md.",
+    )
+    from geofl.server.cli.credentials import add_arguments as add_credential_arguments
+
+    add_credential_arguments(keys, certs)
+
     db = sub.add_parser("db", help="database maintenance", description="Database maintenance.")
     db_sub = db.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     upgrade = db_sub.add_parser(
@@ -150,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geofl.server.cli.serve import run_serve
 
         exit_process(run_serve(args))
+    if args.command in ("keys", "certs"):
+        from geofl.server.cli.credentials import run_credentials
+
+        return run_credentials(args)
     from geofl.server.cli.inspect import run_inspect
 
     return run_inspect(args)

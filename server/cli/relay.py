@@ -26,6 +26,9 @@ _FLAGS: tuple[tuple[str, str, str, Any], ...] = (
     ("--root-certificates", "root_certificates", "upstream.root_certificates", Path),
     ("--tls-cert", "tls_cert", "server.tls.cert", Path),
     ("--tls-key", "tls_key", "server.tls.key", Path),
+    ("--node-key", "node_key", "upstream.node_key", Path),
+    ("--upstream-tls-cert", "upstream_tls_cert", "upstream.tls_cert", Path),
+    ("--upstream-tls-key", "upstream_tls_key", "upstream.tls_key", Path),
     ("--reconnect-for", "reconnect_for", "upstream.reconnect_for_s", float),
     ("--state-dir", "state_dir", "upstream.state_dir", Path),
 )
@@ -42,6 +45,9 @@ _HELP = {
     "--root-certificates": ("PEM", "CA certificate(s) to verify the coordinator's TLS"),
     "--tls-cert": ("PEM", "certificate chain served to the region's clients"),
     "--tls-key": ("PEM", "private key of --tls-cert"),
+    "--node-key": ("NAME.key", "Ed25519 key proving the relay's identity upstream"),
+    "--upstream-tls-cert": ("PEM", "mutual TLS: the relay's certificate towards the coordinator"),
+    "--upstream-tls-key": ("PEM", "mutual TLS: the key of --upstream-tls-cert"),
     "--reconnect-for": ("SECONDS", "give up after the coordinator was unreachable this long"),
     "--state-dir": ("DIR", "keep upload-compression state here across restarts"),
 }

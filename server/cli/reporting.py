@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.config import RunConfig
+from geofl.server.config import RunConfig, redact_url
 from geofl.server.coordinator import RunResult
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import TaskRecord
@@ -133,7 +133,7 @@ def report_run(result: RunResult, codes: Sequence[tuple[str, int]]) -> int:
         return fail(ExitCode.RUN_FAILED, f"run {result.run_id} completed but {listed}")
     console.print(
         f"geofl: run {result.run_id} completed; see "
-        f"`geofl runs show {result.run_id} --db {result.db_url}`",
+        f"`geofl runs show {result.run_id} --db {redact_url(result.db_url)}`",
         markup=False,
     )
     return int(ExitCode.OK)

@@ -11,6 +11,7 @@ from geofl.server.config.errors import ConfigError, ConfigProblem
 from geofl.server.config.fields import redact_url, split_address
 from geofl.server.config.loader import load_config, parse_config
 from geofl.server.config.models import (
+    AuthConfig,
     EvaluationConfig,
     RunConfig,
     RunSection,
@@ -41,6 +42,7 @@ from geofl.server.config.strategy import (
 
 __all__ = [
     "STRATEGY_CONFIGS",
+    "AuthConfig",
     "CompressionConfig",
     "ConfigError",
     "ConfigProblem",

@@ -46,6 +46,7 @@ from geofl.server.config.simulation import (
 from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
 
 __all__ = [
+    "AuthConfig",
     "EvaluationConfig",
     "RunConfig",
     "RunSection",
@@ -183,6 +184,30 @@ class TlsConfig(Section):
 
     cert: ExistingFile = Field(description="Certificate chain file; relative to the YAML file.")
     key: ExistingFile = Field(description="Private key file; relative to the YAML file.")
+    client_ca: ExistingFile | None = Field(
+        default=None,
+        description="Mutual TLS: CA certificate(s) that sign the nodes' certificates; every "
+        "client must present one, and its common name is the node's name (organizational "
+        "unit: its region). null = clients need no certificate. See docs/security.md.",
+    )
+
+
+class AuthConfig(Section):
+    """Node authentication by Ed25519 keys (``geofl keys new``)."""
+
+    nodes: RelativePath = Field(
+        description="The authorized nodes: a YAML file, or a directory of them (every "
+        "*.yaml inside), each holding one entry {name, public_key, region (optional)} or "
+        "a list of them under nodes:. Re-read on SIGHUP and when a file changes; a node "
+        "whose key is gone is refused and its session ends. Relative to the YAML file."
+    )
+
+    @field_validator("nodes")
+    @classmethod
+    def _exists(cls, value: Path) -> Path:
+        if not value.exists():
+            raise ValueError(f"file or directory not found: {value}")
+        return value
 
 
 class ServerConfig(Section):
@@ -193,6 +218,17 @@ class ServerConfig(Section):
     )
     tls: TlsConfig | None = Field(
         default=None, description="TLS certificate and key; null = plaintext."
+    )
+    auth: AuthConfig | None = Field(
+        default=None,
+        description="Node authentication by key: the authorized nodes' public keys; null = "
+        "any client may join under any name (unless tls.client_ca is set).",
+    )
+    insecure: bool = Field(
+        default=False,
+        description="Allow listening beyond loopback without TLS and node authentication "
+        "(anyone who reaches the port can join and submit updates). Without it such a "
+        "server refuses to start.",
     )
     heartbeat_interval_s: float = Field(
         default=5.0, gt=0, allow_inf_nan=False, description="Seconds between client heartbeats."
@@ -217,6 +253,11 @@ class ServerConfig(Section):
         description="The regions this run serves; a client or relay that joins naming "
         "another region is refused with an error that lists them. [] = any region.",
     )
+
+    @property
+    def authenticates(self) -> bool:
+        """Whether nodes must prove an identity (a key, or a certificate)."""
+        return self.auth is not None or (self.tls is not None and self.tls.client_ca is not None)
 
     @property
     def host(self) -> str:

@@ -9,17 +9,28 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.errors import RunFinishedError, SessionError, TaskError
+from geofl.protocols.errors import (
+    ErrorCode,
+    ForbiddenError,
+    RunFinishedError,
+    SessionError,
+    TaskError,
+)
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Config, Scalar
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.identity import NodeIdentity
 from geofl.server.nodes.outcomes import Outcome
+
+#: Settled task ids remembered, to tell a duplicate upload from an unknown task.
+_SETTLED_MEMORY = 100_000
 
 #: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
 #: :mod:`geofl.server.flower`).
@@ -55,6 +66,8 @@ class TaskRecord:
     settled_at: float | None = None
     #: When the node had the model (download finished, or it already held the version).
     downloaded_at: float | None = None
+    #: Upload attempts that have started (a node submits once per attempt).
+    attempts: set[int] = field(default_factory=set)
 
     def mark_downloaded(self) -> None:
         """The node holds the task's model now: the broadcast for it is done."""
@@ -82,6 +95,10 @@ class NodeSession:
     mailbox: asyncio.Queue[TaskRecord] = field(default_factory=asyncio.Queue)
     current: TaskRecord | None = None
     online: bool = True
+    #: The proven identity (None on a server that authenticates no one).
+    identity: NodeIdentity | None = None
+    #: The connection an authenticated session is bound to (gRPC peer), else None.
+    peer: str | None = None
 
 
 class ChangeSignal:
@@ -143,6 +160,10 @@ class Registry:
         self._by_token: dict[str, NodeSession] = {}
         self._by_id: dict[int, NodeSession] = {}
         self._tasks: dict[int, TaskRecord] = {}
+        #: Recently settled tasks, by id: their node (a late duplicate is told so).
+        self._settled: OrderedDict[int, int] = OrderedDict()
+        #: The model versions each node was given a task on (what it may download).
+        self._given: dict[int, set[int]] = {}
         self._next_task_id = int(time.time() * 1000) << 8  # unique across restarts
         self.finished = asyncio.Event()
         self.shutdown_delivered: set[int] = set()
@@ -161,26 +182,67 @@ class Registry:
 
     # ------------------------------------------------------------ sessions
 
-    def add(self, node_id: int, name: str, region: str | None, config: dict[str, Scalar]) -> str:
-        """Register a (re)joined node; an older session of the same node is replaced."""
+    def add(
+        self,
+        node_id: int,
+        name: str,
+        region: str | None,
+        config: dict[str, Scalar],
+        *,
+        identity: NodeIdentity | None = None,
+        peer: str | None = None,
+    ) -> str:
+        """Register a (re)joined node; an older session of the same node is replaced.
+
+        An authenticated session (``identity``) is bound to the connection ``peer``.
+        """
         old = self._by_id.pop(node_id, None)
         if old is not None:
             self._by_token.pop(old.token, None)
             self._drop_current(old, "node re-joined")
         token = secrets.token_urlsafe(24)
         session = NodeSession(node_id, name, region, config, token, self.clock.monotonic())
+        session.identity, session.peer = identity, peer
         self._by_token[token] = session
         self._by_id[node_id] = session
         self.changes.notify()
         return token
 
-    def session(self, token: str | None) -> NodeSession:
-        """The live session for ``token``; touching it counts as a heartbeat."""
+    def session(self, token: str | None, peer: str | None = None) -> NodeSession:
+        """The live session for ``token``; touching it counts as a heartbeat.
+
+        A session bound to a connection is only found from that connection (``peer``):
+        a token presented from another one is unknown there.
+        """
         session = self._by_token.get(token or "")
         if session is None or not session.online:
             raise SessionError("unknown node session; join again")
+        if session.peer is not None and peer != session.peer:
+            raise SessionError(
+                f"the session of node {session.name!r} is bound to another connection; join again"
+            )
         session.last_seen = self.clock.monotonic()
         return session
+
+    def bound_session(self, token: str | None) -> NodeSession | None:
+        """The live session of ``token`` if it is bound to a connection (else ``None``)."""
+        session = self._by_token.get(token or "")
+        return session if session is not None and session.peer is not None else None
+
+    def end_sessions(self, keep: Callable[[NodeIdentity], bool], reason: str) -> list[NodeSession]:
+        """End every authenticated session whose identity ``keep`` refuses (revocation)."""
+        ended = [
+            s
+            for s in self._by_id.values()
+            if s.online and s.identity is not None and not keep(s.identity)
+        ]
+        for session in ended:
+            session.online = False
+            self._by_token.pop(session.token, None)
+            self._drop_current(session, reason)
+        if ended:
+            self.changes.notify()
+        return ended
 
     def available(self) -> list[NodeSession]:
         """Online, selectable nodes with no task in hand, in join order."""
@@ -274,6 +336,7 @@ class Registry:
             spec=spec,
         )
         self._tasks[task.task_id] = task
+        self._given.setdefault(session.node_id, set()).add(model_version)
         session.current = task
         if self._simulated is not None:
             self._simulated.deliver(session, task)
@@ -284,17 +347,55 @@ class Registry:
 
     def _release(self, task: TaskRecord) -> None:
         self._tasks.pop(task.task_id, None)
+        self._settled[task.task_id] = task.node_id
+        while len(self._settled) > _SETTLED_MEMORY:
+            self._settled.popitem(last=False)
         session = self._by_id.get(task.node_id)
         if session is not None and session.current is task:
             session.current = None
             self.changes.notify()
 
     def task_for(self, session: NodeSession, task_id: int) -> TaskRecord:
-        """The open task ``task_id`` of this node, or :class:`TaskError`."""
+        """The open task ``task_id`` of this node.
+
+        Raises
+        ------
+        ForbiddenError
+            If the task is (or was) another node's.
+        TaskError
+            ``DUPLICATE_RESULT`` if this node's task is settled already, else
+            ``UNKNOWN_TASK``.
+        """
         task = self._tasks.get(task_id)
-        if task is None or task.node_id != session.node_id or task.future.done():
+        owner = task.node_id if task is not None else self._settled.get(task_id)
+        if owner is not None and owner != session.node_id:
+            raise ForbiddenError(f"task {task_id} was given to another node, not to this one")
+        if task is None or task.future.done():
+            if owner is not None:
+                raise TaskError(
+                    f"task {task_id} is settled already", code=ErrorCode.DUPLICATE_RESULT
+                )
             raise TaskError(f"task {task_id} is not open for node {session.node_id}")
         return task
+
+    def start_upload(self, task: TaskRecord, attempt: int) -> None:
+        """Admit one upload per attempt of ``task``; a second one is a replay.
+
+        Raises
+        ------
+        TaskError
+            ``DUPLICATE_RESULT`` if an upload of this attempt started already.
+        """
+        if attempt in task.attempts:
+            raise TaskError(
+                f"task {task.task_id} attempt {attempt} was uploaded already",
+                code=ErrorCode.DUPLICATE_RESULT,
+            )
+        task.attempts.add(attempt)
+
+    def was_given(self, node_id: int, model_version: int) -> bool:
+        """Whether ``node_id`` was handed a task on ``model_version`` (so may hold it)."""
+        return model_version in self._given.get(node_id, ())
 
 
 __all__ = [

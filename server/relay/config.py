@@ -92,6 +92,19 @@ class UpstreamConfig(Section):
         description="CA certificate(s) to verify the coordinator's TLS certificate; "
         "null = plaintext.",
     )
+    node_key: ExistingFile | None = Field(
+        default=None,
+        description="Ed25519 key proving the relay's identity to a coordinator with "
+        "server.auth (geofl keys new); null = none.",
+    )
+    tls_cert: ExistingFile | None = Field(
+        default=None,
+        description="Mutual TLS towards the coordinator: the relay's client certificate; "
+        "null = none.",
+    )
+    tls_key: ExistingFile | None = Field(
+        default=None, description="Mutual TLS: the key of upstream.tls_cert."
+    )
     reconnect_for_s: float = Field(
         default=300.0,
         gt=0,

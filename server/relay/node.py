@@ -88,6 +88,9 @@ class Relay:
             region=config.relay.region,
             node_config={"relay": True},
             root_certificates=upstream.root_certificates,
+            tls_cert=upstream.tls_cert,
+            tls_key=upstream.tls_key,
+            node_key=upstream.node_key,
             reconnect_for_s=upstream.reconnect_for_s,
             state_dir=upstream.state_dir,
         )

@@ -25,9 +25,11 @@ import grpc
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights
 from geofl.server.coordinator import (
+    join_check,
     reap_offline,
     shutdown_clients,
     start_grpc_server,
+    watch_authorized_nodes,
 )
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
@@ -79,6 +81,7 @@ class RegionalServer:
         self._node_ids: dict[str, int] = {}
         self._server: grpc.aio.Server | None = None
         self._reaper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._state: ServerState | None = None
         self.port: int | None = None
 
@@ -112,9 +115,13 @@ class RegionalServer:
             join_node=self._join_node,
             models=ModelStore(server.chunk_bytes),
             upload_budget=MemoryBudget(server.upload_buffer_bytes),
+            join_check=join_check(server),  # the region's clients authenticate as at a server
         )
         self._server, port = await start_grpc_server(self._state, server)
         self._reaper = asyncio.create_task(reap_offline(registry))
+        self._watcher = asyncio.create_task(
+            watch_authorized_nodes(self._state.join_check, registry, asyncio.Event())
+        )
         return port
 
     def stop(self, *, run_over: bool) -> None:
@@ -126,8 +133,9 @@ class RegionalServer:
     async def _stop(self, run_over: bool) -> None:
         if run_over and self._state is not None:
             await shutdown_clients(self._state.registry)
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for task in (self._reaper, self._watcher):
+            if task is not None:
+                task.cancel()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.stop(1.0)

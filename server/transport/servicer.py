@@ -18,7 +18,9 @@ import grpc
 from geofl.protocols import partial_sync, serde, streams
 from geofl.protocols.errors import (
     ErrorCode,
+    ForbiddenError,
     ProtocolError,
+    SessionError,
     TaskError,
     TensorError,
     TruncatedStreamError,
@@ -38,6 +40,7 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
 from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
+from geofl.server.nodes.identity import ChallengeBook, JoinCheck, NodeIdentity
 from geofl.server.nodes.outcomes import (
     DeltaUpdate,
     MaskedVector,
@@ -84,6 +87,19 @@ class ServerState:
     max_message_bytes: int = 8 << 30
     #: Regions a node may name when it joins (empty: any).
     regions: frozenset[str] = frozenset()
+    #: Who may join: keys (server.auth), certificates (server.tls.client_ca), or anyone.
+    join_check: JoinCheck = field(default_factory=JoinCheck)
+    challenges: ChallengeBook = field(default_factory=ChallengeBook)
+    #: Hears every refused identity, forbidden request and replay: (kind, details).
+    on_refusal: Callable[[str, dict[str, Scalar]], None] | None = None
+
+
+#: Refusals that are recorded: someone tried what is not theirs.
+_RECORDED = {
+    ErrorCode.IDENTITY_REFUSED: "identity",
+    ErrorCode.FORBIDDEN: "forbidden",
+    ErrorCode.DUPLICATE_RESULT: "replay",
+}
 
 
 class _AbortError(Exception):
@@ -94,11 +110,16 @@ class _AbortError(Exception):
 
 
 @contextmanager
-def _translated() -> Iterator[None]:
-    """Map wire errors to their catalogued status; anything else is an internal error."""
+def _translated(on_refusal: Callable[[WireError], None] | None = None) -> Iterator[None]:
+    """Map wire errors to their catalogued status; anything else is an internal error.
+
+    A refusal of the kinds in ``_RECORDED`` is handed to ``on_refusal`` first.
+    """
     try:
         yield
     except WireError as exc:
+        if on_refusal is not None and exc.code in _RECORDED:
+            on_refusal(exc)
         raise _AbortError(exc.code.status, exc.wire_details()) from exc
     except (asyncio.CancelledError, _AbortError):
         raise
@@ -138,17 +159,71 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     def __init__(self, state: ServerState) -> None:
         self._s = state
 
+    def _recorder(
+        self, context: grpc.aio.ServicerContext[object, object], rpc: str, who: str = ""
+    ) -> Callable[[WireError], None]:
+        """Log and record a refusal of ``rpc`` (the caller's name, if known, and peer)."""
+
+        def record(exc: WireError) -> None:
+            kind = _RECORDED[exc.code]
+            peer = context.peer() or "?"
+            log.warning("refused %s (%s) from %r at %s: %s", rpc, kind, who or "-", peer, exc)
+            if self._s.on_refusal is not None:
+                details: dict[str, Scalar] = {"rpc": rpc, "node": who, "peer": peer}
+                details["reason"] = str(exc)
+                self._s.on_refusal(kind, details)
+
+        return record
+
+    def _session(self, context: grpc.aio.ServicerContext[object, object], rpc: str) -> NodeSession:
+        """The caller's session, from the connection it is bound to (if it is).
+
+        A token presented from another connection than its session's is refused like an
+        unknown one (the node joins again) and recorded: it may have been stolen.
+        """
+        token = _token(context)
+        try:
+            return self._s.registry.session(token, context.peer())
+        except SessionError:
+            owner = self._s.registry.bound_session(token)
+            if owner is not None:
+                stolen = ForbiddenError(
+                    f"session token of node {owner.name!r} from another connection"
+                )
+                self._recorder(context, rpc, owner.name)(stolen)
+            raise
+
+    async def Challenge(  # noqa: N802 - gRPC naming
+        self, request: pb.ChallengeRequest, context: grpc.aio.ServicerContext[object, object]
+    ) -> pb.ChallengeReply:
+        channel = context.peer()
+        return pb.ChallengeReply(
+            nonce=self._s.challenges.issue(channel),
+            channel=channel,
+            run_id=self._s.run_id,
+            run_name=self._s.run_name,
+            ttl_s=self._s.challenges.ttl_s,
+        )
+
     async def Join(  # noqa: N802 - gRPC naming
         self, request: pb.JoinRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> pb.JoinReply:
         try:
-            with _translated():
-                return self._join(request)
+            with _translated(self._recorder(context, "Join", request.node_name[:128])):
+                identity = self._s.join_check.identify(
+                    request,
+                    self._s.challenges,
+                    context.auth_context(),
+                    (self._s.run_id, self._s.run_name, context.peer()),
+                )
+                return self._join(request, identity, context.peer())
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise  # unreachable: abort raises
 
-    def _join(self, request: pb.JoinRequest) -> pb.JoinReply:
+    def _join(
+        self, request: pb.JoinRequest, identity: NodeIdentity | None = None, peer: str = ""
+    ) -> pb.JoinReply:
         common = set(request.protocol_versions) & set(SUPPORTED_PROTOCOL_VERSIONS)
         if not common:
             raise WireError(
@@ -156,20 +231,23 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 f"server speaks {list(SUPPORTED_PROTOCOL_VERSIONS)}",
                 code=ErrorCode.PROTOCOL_VERSION,
             )
-        if not request.node_name:
+        name = identity.name if identity is not None else request.node_name
+        if not name:
             raise ProtocolError("JoinRequest.node_name is empty")
         config = serde.scalar_map(request.node_config)
-        region = request.region or None
+        region = request.region or (identity.region if identity is not None else None) or None
         if self._s.regions and region is not None and region not in self._s.regions:
             role = "relay" if config.get("relay") is True else "node"
             raise WireError(
-                f"{role} {request.node_name!r} names region {region!r}, which this run does "
+                f"{role} {name!r} names region {region!r}, which this run does "
                 f"not serve; its regions are {sorted(self._s.regions)} (server.regions)",
                 code=ErrorCode.UNKNOWN_REGION,
             )
-        node_id = self._s.join_node(request.node_name, region, config)
-        token = self._s.registry.add(node_id, request.node_name, region, config)
-        log.info("node %s (%s) joined as %d", request.node_name, region or "-", node_id)
+        node_id = self._s.join_node(name, region, config)
+        bound = peer if identity is not None else None
+        token = self._s.registry.add(node_id, name, region, config, identity=identity, peer=bound)
+        how = f", {identity.credential}" if identity is not None else ""
+        log.info("node %s (%s%s) joined as %d", name, region or "-", how, node_id)
         reply = pb.JoinReply(
             protocol_version=max(common),
             node_id=node_id,
@@ -178,6 +256,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             run_name=self._s.run_name,
             run_id=self._s.run_id,
             max_chunk_bytes=4 << 20,
+            node_name=name,
         )
         serde.fill_scalar_map(reply.run_config, self._s.run_config)
         return reply
@@ -187,7 +266,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> pb.HeartbeatReply:
         try:
             with _translated():
-                self._s.registry.session(_token(context))
+                self._session(context, "Heartbeat")
                 return pb.HeartbeatReply(heartbeat_interval_s=self._s.registry.heartbeat_interval_s)
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
@@ -198,7 +277,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> pb.Task:
         try:
             with _translated():
-                session = self._s.registry.session(_token(context))
+                session = self._session(context, "GetTask")
                 timeout = min(max(request.poll_timeout_s, 0.0), _MAX_POLL_S)
                 held = request.held_version if request.has_model else None
                 return await self._next_task(session, timeout, held)
@@ -250,10 +329,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         self, request: pb.DownloadRequest, context: grpc.aio.ServicerContext[object, object]
     ) -> AsyncIterator[bytes]:
         try:
-            with _translated():
-                session = self._s.registry.session(_token(context))
+            with _translated(self._recorder(context, "Download")):
+                session = self._session(context, "Download")
                 task = self._s.registry.task_for(session, request.task_id)
-                base = request.base_version if request.has_base else None
+                base = self._download_base(session, task, request)
                 chain = self._s.compression.down_chain(session.region)
                 broadcast = await self._s.models.broadcast(request.model_version, chain, base)
                 if broadcast is None:
@@ -273,14 +352,39 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         task.bytes_down_raw += broadcast.raw_bytes
         task.mark_downloaded()
 
+    def _download_base(
+        self, session: NodeSession, task: TaskRecord, request: pb.DownloadRequest
+    ) -> int | None:
+        """The base of a difference download; only the task's version may be downloaded.
+
+        A base the node was never given is ignored (the full model is sent): a difference
+        to a version it does not hold would reveal that version.
+
+        Raises
+        ------
+        ForbiddenError
+            If the request names a model version other than its task's.
+        """
+        if request.model_version != task.model_version:
+            raise ForbiddenError(
+                f"task {task.task_id} is on model version {task.model_version}; version "
+                f"{request.model_version} was not given to this node"
+            )
+        if not request.has_base or not self._s.registry.was_given(
+            session.node_id, request.base_version
+        ):
+            return None
+        return request.base_version
+
     async def Submit(  # noqa: N802
         self,
         request_iterator: AsyncIterator[bytes],
         context: grpc.aio.ServicerContext[object, object],
     ) -> pb.SubmitReply:
         try:
-            with _translated():
-                session = self._s.registry.session(_token(context))
+            with _translated(self._recorder(context, "Submit")):
+                session = self._session(context, "Submit")
+            with _translated(self._recorder(context, "Submit", session.name)):
                 return await self._submit(session, request_iterator)
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
@@ -293,6 +397,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("an upload must start with an UploadHeader")
         header = first.header
         task = self._s.registry.task_for(session, header.task_id)
+        self._s.registry.start_upload(task, header.attempt)
         if self._s.registry.clock.time() > task.deadline:
             task.settle(Outcome("late", "result arrived after the round deadline"))
             raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
@@ -528,6 +633,9 @@ def add_to_server(servicer: CoordinatorServicer, server: grpc.aio.Server) -> Non
     """
     unary = grpc.unary_unary_rpc_method_handler
     handlers = {
+        "Challenge": unary(
+            servicer.Challenge, pb.ChallengeRequest.FromString, pb.ChallengeReply.SerializeToString
+        ),
         "Join": unary(servicer.Join, pb.JoinRequest.FromString, pb.JoinReply.SerializeToString),
         "Heartbeat": unary(
             servicer.Heartbeat, pb.HeartbeatRequest.FromString, pb.HeartbeatReply.SerializeToString

@@ -119,6 +119,8 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
     assert cfg.server.model_dump() == {
         "address": "127.0.0.1:8443",
         "tls": None,
+        "auth": None,
+        "insecure": False,
         "heartbeat_interval_s": 5.0,
         "chunk_bytes": 1024 * 1024,
         "max_model_bytes": 8 * 1024**3,

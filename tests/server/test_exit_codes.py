@@ -62,6 +62,16 @@ CASES: list[tuple[str, str, tuple[Any, ...], dict[str, Any], ExitCode]] = [
     ("geofl.server.flower.errors", "FlowerAppError", ("failed",), {}, ExitCode.USER_CODE),
     ("geofl.server.flower.errors", "UnsupportedFlowerFeatureError", ("x",), {}, ExitCode.USER_CODE),
     ("geofl.client.runtime", "GaveUpError", ("gone",), {}, ExitCode.SERVER_UNREACHABLE),
+    (
+        "geofl.protocols.errors",
+        "IdentityRefusedError",
+        ("unknown key",),
+        {},
+        ExitCode.IDENTITY_REFUSED,
+    ),
+    ("geofl.client.connection", "TlsVerificationError", ("bad CA",), {}, ExitCode.TLS_VERIFICATION),
+    ("geofl.client.connection", "CredentialsError", ("no file",), {}, ExitCode.CREDENTIALS),
+    ("geofl.protocols.identity", "KeyFileError", ("not a key",), {}, ExitCode.CREDENTIALS),
     ("builtins", "KeyboardInterrupt", (), {}, ExitCode.INTERRUPTED),
     (
         "geofl.protocols.errors",
