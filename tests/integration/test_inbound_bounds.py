@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geofl.client.connection import Connection
 from geofl.protocols.errors import ProtocolError
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
