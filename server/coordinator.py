@@ -28,6 +28,7 @@ from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
+from geofl.server.models.staging import DurableUploads, ResumedUpdate
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
@@ -36,7 +37,7 @@ from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
-from geofl.server.rounds.records import EngineSettings, NoClientsError
+from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
 from geofl.server.rounds.secure import SecureSettings
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
@@ -86,7 +87,7 @@ def build_strategy(config: RunConfig) -> Strategy:
         )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
-    for key in ("clients_per_round", "min_clients"):
+    for key in ("clients_per_round", "min_clients", "max_examples_per_client"):
         params.pop(key, None)
     return make_strategy(name, **params)
 
@@ -239,6 +240,32 @@ async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_
         await asyncio.sleep(0.05)
 
 
+class StagedUpdatesCleaner(RoundObserver):
+    """Drops a round's staged updates once the round is over (committed or failed)."""
+
+    def __init__(self, uploads: DurableUploads) -> None:
+        self._uploads = uploads
+
+    def round_ended(self, record: RoundRecord, status: str) -> None:
+        self._uploads.clear_round(record.number)
+
+
+def stages_uploads(config: RunConfig) -> bool:
+    """Whether accepted updates are staged durably: the rounds that can fold them again.
+
+    Synchronous rounds (and DiLoCo) without secure aggregation or partial sync: a masked
+    update is useless without its round's SecAgg+ state, FedBuff does not resume its
+    buffer, and a partial-sync round's groups are not staged separately.
+    """
+    schedule = config.schedule
+    return (
+        config.storage.stage_uploads
+        and schedule.mode in ("sync", "diloco")
+        and not config.secure_aggregation.enabled
+        and not schedule.partial_sync.enabled
+    )
+
+
 class Coordinator:
     """Serves one run; ``await start()`` then ``await run()``."""
 
@@ -259,7 +286,7 @@ class Coordinator:
         self.clock = clock
         self._listen = listen
         self._observers = list(observers)
-        self.db: Database = open_database(config.storage.url)
+        self.db: Database = open_database(config.storage.url, retry_s=config.storage.retry_s)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
         self.registry = Registry(
@@ -267,7 +294,23 @@ class Coordinator:
             clock=clock,
             selectable=config.schedule.selection.node_config,
         )
+        self.db.on_recovered = lambda waited: self.registry.forgive_silence()
         self.weights, self.run_id, self.start_round = self._resume_or_create()
+        self.uploads = DurableUploads(
+            self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
+        )
+        durable = listen and stages_uploads(config)
+        self._resumed: list[ResumedUpdate] = (
+            self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
+        )
+        if not durable:
+            self.uploads.clear()
+        elif self._resumed:
+            log.info(
+                "round %d: %d update(s) accepted before the restart will be folded again",
+                self.start_round,
+                len(self._resumed),
+            )
         self._check_layer_sync(self.weights)
         size = model_bytes(spec_of(self.weights))
         if size > config.server.max_model_bytes:
@@ -297,6 +340,7 @@ class Coordinator:
             regions=frozenset(config.server.regions),
             join_check=join_check(config.server),
             on_refusal=self._record_refusal,
+            stage_update=self.uploads.stage if durable else None,
         )
 
     # ------------------------------------------------------------ set-up
@@ -429,7 +473,7 @@ class Coordinator:
             registry=self.registry,
             strategy=self.strategy,
             models=self._state.models,
-            observer=Observers([recorder, *self._observers]),
+            observer=Observers([recorder, StagedUpdatesCleaner(self.uploads), *self._observers]),
             start_round=self.start_round,
             weights=self.weights,
             clock=self.clock,
@@ -439,6 +483,7 @@ class Coordinator:
             compression=config.compression,
             secure=SecureSettings.from_config(config.secure_aggregation, self.run_id),
             scheduler=self._scheduler(),
+            resumed=self._resumed,
         )
 
     def _scheduler(self) -> Scheduler:
@@ -486,12 +531,14 @@ __all__ = [
     "AddressInUseError",
     "Coordinator",
     "RunResult",
+    "StagedUpdatesCleaner",
     "build_strategy",
     "check_exposure",
     "is_loopback",
     "join_check",
     "reap_offline",
     "shutdown_clients",
+    "stages_uploads",
     "start_grpc_server",
     "watch_authorized_nodes",
 ]

@@ -46,6 +46,7 @@ from geofl.storage.models import (
     RoundStatus,
     Run,
     RunStatus,
+    StagedUpdate,
     TaskKind,
 )
 from geofl.storage.records import ParticipationRecord, RoundSummary, RunDetail, RunSummary
@@ -79,6 +80,7 @@ __all__ = [
     "RunNotFoundError",
     "RunStatus",
     "RunSummary",
+    "StagedUpdate",
     "StorageError",
     "StorageUnavailableError",
     "TaskKind",

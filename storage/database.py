@@ -4,10 +4,17 @@
 is reachable (raising one clear :class:`StorageUnavailableError` if not), configures
 SQLite for a long-lived coordinator (WAL, ``synchronous=NORMAL``, foreign keys, a busy
 timeout, ``BEGIN IMMEDIATE`` transactions), and applies migrations up to head.
+
+Once open, a database that goes away (PostgreSQL restarted, SQLite locked past its busy
+timeout) is ridden out: :meth:`Database.session` retries starting its transaction, with
+backoff, for up to ``retry_s`` seconds before it raises. The retry is at the start of a
+unit of work, before anything was written, so a retried unit is never applied twice.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +50,12 @@ MIGRATIONS_DIR = Path(__file__).resolve().with_name("migrations")
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: How long a PostgreSQL connection attempt may take before it counts as unreachable.
 POSTGRES_CONNECT_TIMEOUT_S = 10
+#: Default of how long an open database that cannot start a transaction is retried.
+DEFAULT_RETRY_S = 120.0
+#: First and longest pause between two attempts.
+_RETRY_FIRST_S, _RETRY_MAX_S = 0.1, 2.0
+
+log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -54,10 +67,27 @@ class Database:
     ----------
     engine:
         A configured engine, normally built by :func:`open_database`.
+    retry_s:
+        How long :meth:`session` keeps trying to start a transaction on a database that
+        cannot be reached or is locked (0: fail at once).
+    on_recovered:
+        Called with the seconds waited after the database came back from an outage (the
+        server forgives its clients the heartbeats it could not hear meanwhile).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        retry_s: float = DEFAULT_RETRY_S,
+        on_recovered: Callable[[float], None] | None = None,
+    ) -> None:
         self.engine = engine
+        self.retry_s = retry_s
+        self.on_recovered = on_recovered
+        #: Outages ridden out so far, and seconds spent waiting in them.
+        self.outages = 0
+        self.outage_s = 0.0
         # Objects stay readable after commit: callers use returned rows (ids, numbers)
         # once the unit of work is over.
         self.sessionmaker = sessionmaker(engine, expire_on_commit=False)
@@ -76,14 +106,61 @@ class Database:
     def session(self) -> Iterator[Session]:
         """Run one unit of work in one transaction: commit on success, roll back on error.
 
-        A lost connection or a lock that never frees is raised as
-        :class:`StorageUnavailableError`.
+        Starting the transaction is retried for up to :attr:`retry_s` seconds (see the
+        module docstring); a database still away then, or one lost in the middle of the
+        unit of work, is raised as :class:`StorageUnavailableError`.
         """
+        session = self._begin()
         try:
-            with self.sessionmaker.begin() as session:
-                yield session
+            yield session
+            session.commit()
         except (OperationalError, InterfaceError) as exc:
+            session.rollback()
             raise StorageUnavailableError(self.url, _one_line(exc, self.engine.url)) from exc
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def _begin(self) -> Session:
+        """A session whose transaction has started (connection checked out, BEGIN run)."""
+        started = time.monotonic()
+        pause = _RETRY_FIRST_S
+        attempt = 0
+        while True:
+            session = self.sessionmaker()
+            try:
+                session.connection()  # checkout (pre-ping on PostgreSQL), then BEGIN
+            except (OperationalError, InterfaceError) as exc:
+                session.close()
+                waited = time.monotonic() - started
+                if waited + pause > self.retry_s:
+                    reason = _one_line(exc, self.engine.url)
+                    if attempt:
+                        reason += f" (retried for {waited:.0f} s)"
+                    raise StorageUnavailableError(self.url, reason) from exc
+                if attempt == 0:
+                    log.warning(
+                        "database %s unavailable, retrying for up to %.0f s: %s",
+                        self.url,
+                        self.retry_s,
+                        _one_line(exc, self.engine.url),
+                    )
+                attempt += 1
+                time.sleep(pause)
+                pause = min(pause * 2, _RETRY_MAX_S)
+                continue
+            if attempt:
+                self._recovered(time.monotonic() - started)
+            return session
+
+    def _recovered(self, waited: float) -> None:
+        self.outages += 1
+        self.outage_s += waited
+        log.warning("database %s is back after %.1f s", self.url, waited)
+        if self.on_recovered is not None:
+            self.on_recovered(waited)
 
     def close(self) -> None:
         """Close all pooled connections."""
@@ -110,7 +187,9 @@ def redact_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def open_database(url: str, *, migrate: bool = True, echo: bool = False) -> Database:
+def open_database(
+    url: str, *, migrate: bool = True, echo: bool = False, retry_s: float = DEFAULT_RETRY_S
+) -> Database:
     """Connect to ``url``, check it is reachable, and (by default) migrate it to head.
 
     Parameters
@@ -122,6 +201,9 @@ def open_database(url: str, *, migrate: bool = True, echo: bool = False) -> Data
         Apply pending Alembic migrations. The server does; read-only tools may not.
     echo:
         Log every SQL statement (debugging).
+    retry_s:
+        How long the open database rides out an outage (:class:`Database`); opening
+        itself is not retried, so a wrong URL fails at once.
 
     Raises
     ------
@@ -132,7 +214,7 @@ def open_database(url: str, *, migrate: bool = True, echo: bool = False) -> Data
     """
     parsed = _parse_url(url)
     engine = _create_engine(parsed, echo=echo)
-    database = Database(engine)
+    database = Database(engine, retry_s=retry_s)
     try:
         with engine.connect() as connection:
             connection.rollback()

@@ -48,6 +48,7 @@ __all__ = [
     "RoundStatus",
     "Run",
     "RunStatus",
+    "StagedUpdate",
     "TaskKind",
     "UTCDateTime",
     "utcnow",
@@ -343,3 +344,38 @@ class NodeMeasurement(Base):
     observations: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     #: The newest round whose tasks went into the estimates.
     last_round: Mapped[int | None] = mapped_column(Integer)
+
+
+class StagedUpdate(Base):
+    """A fit update the server accepted and acknowledged, not yet folded into a commit.
+
+    Written before the client hears ``accepted``: the update's tensors are a safetensors
+    file (``path``, ``sha256``, ``size_bytes``, as a checkpoint record) and these columns
+    are what its participation row will say. A coordinator restarted in the middle of
+    round ``round`` folds these again (after re-checking the digest) instead of asking
+    their nodes to train again. Rows go when their round commits or fails.
+    """
+
+    __tablename__ = "staged_updates"
+    __table_args__ = (UniqueConstraint("run_id", "round", "node_id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    node_id: Mapped[int] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"))
+    task_id: Mapped[int] = mapped_column(BigInteger)
+    model_version: Mapped[int] = mapped_column(Integer)
+    path: Mapped[str] = mapped_column(String(500))
+    sha256: Mapped[str] = mapped_column(String(64))
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+    num_tensors: Mapped[int] = mapped_column(Integer)
+    num_examples: Mapped[int] = mapped_column(Integer)
+    loss: Mapped[float | None] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    compute_s: Mapped[float | None] = mapped_column(Float)
+    bytes_up: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    bytes_up_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    bytes_down: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    bytes_down_raw: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    started_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -13,7 +13,8 @@ Timestamps default to the current UTC time; a simulation on a virtual clock pass
 readable after the session ends.
 
 The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds`,
-:mod:`~geofl.storage.reports` and :mod:`~geofl.storage.measurements`; this module is the
+:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.measurements` and
+:mod:`~geofl.storage.staged`; this module is the
 one place to import them from.
 """
 
@@ -50,10 +51,20 @@ from geofl.storage.runs import (
     upsert_node,
     upsert_nodes,
 )
+from geofl.storage.staged import (
+    StagedUpdateRecord,
+    clear_staged,
+    clear_staged_round,
+    stage_update,
+    staged_updates,
+)
 
 __all__ = [
+    "StagedUpdateRecord",
     "add_event",
     "checkpoints_of",
+    "clear_staged",
+    "clear_staged_round",
     "commit_round",
     "create_run",
     "fail_round",
@@ -72,6 +83,8 @@ __all__ = [
     "record_participations",
     "run_detail",
     "set_round_phase",
+    "stage_update",
+    "staged_updates",
     "start_round",
     "upsert_node",
     "upsert_nodes",

@@ -228,22 +228,25 @@ def run_inspect(args: argparse.Namespace) -> int:
             console.print(f"database at revision {current_revision(url)}")
             return ExitCode.OK
         _require_existing_sqlite(url)
-        with open_database(url, migrate=False) as db, db.session() as session:
+        with open_database(url, migrate=False) as db:
+            # Before the session: a session starts its (on SQLite write-locking)
+            # transaction at once, and this check takes a connection of its own.
             if current_revision(db) is None:
                 raise StorageUnavailableError(
                     redact_url(url),
                     "it holds no geofl schema yet; start a server on it or "
                     f"run `geofl db upgrade --db {redact_url(url)}`",
                 )
-            if args.runs_command == "list":
-                runs = queries.list_runs(session)
-                if args.json:
-                    print(json.dumps([r.to_dict() for r in runs], indent=2))
-                else:
-                    console.print(runs_table(runs))
-                return ExitCode.OK
-            detail = queries.run_detail(session, args.run_id)
-            links = _measured_links(session, args.run_id)
+            with db.session() as session:
+                if args.runs_command == "list":
+                    runs = queries.list_runs(session)
+                    if args.json:
+                        print(json.dumps([r.to_dict() for r in runs], indent=2))
+                    else:
+                        console.print(runs_table(runs))
+                    return ExitCode.OK
+                detail = queries.run_detail(session, args.run_id)
+                links = _measured_links(session, args.run_id)
     except (StorageUnavailableError, DatabaseURLError) as exc:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.STORAGE_UNAVAILABLE

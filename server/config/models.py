@@ -177,6 +177,20 @@ class StorageConfig(Section):
         description="Keep only the files of the newest N checkpoints (their database rows "
         "stay); null = keep all.",
     )
+    stage_uploads: bool = Field(
+        default=True,
+        description="Write every accepted fit update to <checkpoints>/staged and the "
+        "database before acknowledging it, so a restarted coordinator finishes the "
+        "interrupted round without those clients training again (synchronous rounds "
+        "without secure aggregation or partial sync).",
+    )
+    retry_s: float = Field(
+        default=120.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="How long a database that cannot be reached (PostgreSQL down, SQLite "
+        "locked) is retried before the coordinator gives up (exit 3); clients wait.",
+    )
 
 
 class TlsConfig(Section):

@@ -54,7 +54,7 @@ __all__ = [
 DEFAULT_STRATEGY = "fedavg"
 #: The key selecting a Flower strategy, and the ``name`` such a strategy section carries.
 FLOWER_KEY = "flower"
-_COMMON_KEYS = frozenset({"name", "clients_per_round", "min_clients"})
+_COMMON_KEYS = frozenset({"name", "clients_per_round", "min_clients", "max_examples_per_client"})
 
 
 def _server_lr(default: float) -> Any:
@@ -99,6 +99,15 @@ class StrategyBase(Section):
         description=(
             "Results that must arrive for a round to commit; at most clients_per_round. "
             "Selection also waits until this many clients are connected."
+        ),
+    )
+    max_examples_per_client: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Cap on the num_examples a client's update is weighted by (FedAvg weight, "
+            "loss and metric averages); the reported figure is still recorded. null = "
+            "no cap (a client's report is bounded only by the database column, 2^31-1)."
         ),
     )
 

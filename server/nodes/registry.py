@@ -259,6 +259,17 @@ class Registry:
         """Every online node."""
         return [s for s in self._by_id.values() if s.online]
 
+    def forgive_silence(self) -> None:
+        """Count every online node as heard from now.
+
+        After the server itself could not listen (its event loop waited out a database
+        outage), missed heartbeats say nothing about the nodes.
+        """
+        now = self.clock.monotonic()
+        for session in self._by_id.values():
+            if session.online:
+                session.last_seen = max(session.last_seen, now)
+
     def expire(self) -> list[NodeSession]:
         """Mark nodes that missed ``patience`` heartbeats offline; return them.
 

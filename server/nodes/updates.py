@@ -5,7 +5,8 @@ An update reaches the server two ways: streamed by a node over gRPC
 or handed over whole by a simulated client (:mod:`geofl.server.simulation.fleet`). Both
 apply the rules here, so a rule, and the reason a refusal gives, cannot drift apart:
 
-* the fit reports ``num_examples > 0`` (:func:`check_num_examples`; E104);
+* the fit reports ``0 < num_examples <= MAX_NUM_EXAMPLES`` (:func:`check_num_examples`;
+  E104; the header's other figures are bounded in :mod:`geofl.server.nodes.bounds`);
 * the upload announces at most twice the model's size plus codec slack
   (:func:`announced_size`; E105);
 * each tensor is the model's next one, by name, dtype and shape, its payload within twice
@@ -30,6 +31,7 @@ from geofl.protocols.codecs import Chain
 from geofl.protocols.errors import ProtocolError, TensorError
 from geofl.protocols.tensor_checks import TensorCheck, payload_limit
 from geofl.protocols.tensors import ModelSpec, TensorSpec, model_bytes
+from geofl.server.nodes.bounds import MAX_NUM_EXAMPLES
 
 __all__ = [
     "HeldTensor",
@@ -62,15 +64,18 @@ class HeldTensor(Protocol):
 
 
 def check_num_examples(num_examples: int) -> None:
-    """Refuse a fit that trained on nothing: its update would get no weight, or a negative one.
+    """Refuse a fit that trained on nothing (no weight, or a negative one) or on more
+    examples than the database can record (a weight that would swamp the aggregate).
 
     Raises
     ------
     ProtocolError
-        If ``num_examples`` is not positive.
+        If ``num_examples`` is not in ``1..MAX_NUM_EXAMPLES``.
     """
-    if num_examples <= 0:
-        raise ProtocolError("a fit result must report num_examples > 0")
+    if not 0 < num_examples <= MAX_NUM_EXAMPLES:
+        raise ProtocolError(
+            f"a fit result must report 1 <= num_examples <= {MAX_NUM_EXAMPLES}, got {num_examples}"
+        )
 
 
 def announced_size(announced: int, spec: ModelSpec) -> int:

@@ -65,7 +65,13 @@ from geofl.server.rounds.records import (
     RoundRecord,
 )
 from geofl.server.rounds.secure import SecureRound, round_params
-from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
+from geofl.server.rounds.tasks import (
+    StageInput,
+    TakeResult,
+    fold_update,
+    summarise,
+    weight_of,
+)
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
 
 log = logging.getLogger(__name__)
@@ -402,9 +408,10 @@ class FedBuffEngine:
         def fold(update: WeightsView, weight: float) -> None:
             buffer.accumulator.add(update, weight * discount)
 
-        outcome = await fold_update(outcome, fold)
+        cap = self._cfg.max_examples_per_client
+        outcome = await fold_update(outcome, fold, cap)
         if outcome.status == "ok":
-            buffer.weight += float(outcome.num_examples)
+            buffer.weight += float(weight_of(outcome.num_examples, cap))
             buffer.results.append(outcome)
             buffer.complete = len(buffer.results) >= self._k
         return outcome
@@ -421,7 +428,9 @@ class FedBuffEngine:
         """The strategy's step from the discounted buffer (see the module docstring)."""
         assert self._buffer is not None
         buffer, record = self._buffer, self._record
-        record.train_loss, record.fit_metrics = summarise(self._strategy, buffer.results)
+        record.train_loss, record.fit_metrics = summarise(
+            self._strategy, buffer.results, self._cfg.max_examples_per_client
+        )
         try:
             await asyncio.to_thread(self._add_discount_remainder, buffer)
             mean = await asyncio.to_thread(buffer.accumulator.mean)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from geofl.protocols.types import Weights
 from geofl.server.config.compression import CompressionConfig
+from geofl.server.models.staging import ResumedUpdate
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.registry import Registry, TaskRecord
@@ -47,6 +48,9 @@ class EngineParts:
         Secure aggregation's settings (None: plain rounds).
     scheduler
         Measurements, deadline-aware selection and adaptive codecs (None: uniform).
+    resumed
+        Updates of ``start_round`` accepted before a restart (see
+        :mod:`geofl.server.models.staging`): folded again, their nodes not asked to train.
     """
 
     registry: Registry
@@ -60,6 +64,7 @@ class EngineParts:
     compression: CompressionConfig | None = None
     secure: SecureSettings | None = None
     scheduler: Scheduler | None = None
+    resumed: Sequence[ResumedUpdate] = ()
 
     def task_runner(
         self, deadline_s: float, on_release: Callable[[TaskRecord], None] = lambda task: None

@@ -77,6 +77,8 @@ class EngineSettings:
     evaluate_clients: int
     evaluate_config: dict[str, Scalar]
     seed: int
+    #: The most examples a client's update is weighted by (None: as reported).
+    max_examples_per_client: int | None = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> EngineSettings:
@@ -94,6 +96,7 @@ class EngineSettings:
             evaluate_clients=config.evaluation_clients,
             evaluate_config=dict(evaluation.config),
             seed=config.run.seed,
+            max_examples_per_client=config.strategy.max_examples_per_client,
         )
 
     @classmethod

@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 from geofl.protocols.secagg import SecAggAbortError, SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Weights
-from geofl.server.nodes.outcomes import Outcome
+from geofl.server.models.staging import ResumedUpdate, resumed_task
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
 from geofl.server.rounds.evaluation import Evaluation
 from geofl.server.rounds.parts import EngineParts
@@ -47,6 +48,7 @@ from geofl.server.rounds.records import (
 from geofl.server.rounds.secure import SecureRound
 from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
 from geofl.server.strategies import StrategyError, StreamingMean
+from geofl.storage import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -115,9 +117,12 @@ class SyncEngine:
     async def _round(self, record: RoundRecord) -> None:
         clock = PhaseClock(record, self._observer, self._clock)
         clock.enter(Phase.SELECT)
-        cohort = await self._select(record.number)
-        fit = self._secure_fit if self._parts.secure is not None else self._plain_fit
-        fit_results, accumulator = await fit(record, cohort, clock)
+        resumed = self._resumed(record.number)
+        cohort = await self._select(record.number, skip={u.record.node_id for u in resumed})
+        if self._parts.secure is not None:
+            fit_results, accumulator = await self._secure_fit(record, cohort, clock)
+        else:
+            fit_results, accumulator = await self._plain_fit(record, cohort, clock, resumed)
         if len(fit_results) < self._cfg.min_clients:
             clock.enter(Phase.FAILED)
             tried = sum(1 for task, _ in record.outcomes if task.kind == "fit")
@@ -126,7 +131,9 @@ class SyncEngine:
                 f"min_clients is {self._cfg.min_clients}"
             )
         clock.enter(Phase.AGGREGATE)
-        record.train_loss, record.fit_metrics = summarise(self._strategy, fit_results)
+        record.train_loss, record.fit_metrics = summarise(
+            self._strategy, fit_results, self._cfg.max_examples_per_client
+        )
         try:
             mean = await asyncio.to_thread(accumulator.mean)
             del accumulator  # its float64 sums are twice the model: free them before the step
@@ -146,18 +153,60 @@ class SyncEngine:
 
     # ----------------------------------------------------------- fit
 
+    def _resumed(self, number: int) -> Sequence[ResumedUpdate]:
+        """The staged updates of a round interrupted by a restart (only its first round)."""
+        if number != self._parts.start_round or self._parts.secure is not None:
+            return ()
+        return self._parts.resumed
+
     async def _plain_fit(
-        self, record: RoundRecord, cohort: list[NodeSession], clock: PhaseClock
+        self,
+        record: RoundRecord,
+        cohort: list[NodeSession],
+        clock: PhaseClock,
+        resumed: Sequence[ResumedUpdate] = (),
     ) -> tuple[list[Outcome], StreamingMean]:
-        """Broadcast and fit, folding each update into the running mean as it arrives."""
+        """Broadcast and fit, folding each update into the running mean as it arrives.
+
+        Updates staged before a restart are folded first; their nodes are not in
+        ``cohort``. With every update staged, there is nothing to broadcast.
+        """
         clock.enter(Phase.BROADCAST)
         accumulator = self._strategy.begin_round(self.weights)
+        cap = self._cfg.max_examples_per_client
+        results = [await self._refold(record, update, accumulator) for update in resumed]
+        results = [outcome for outcome in results if outcome.status == "ok"]
 
         async def fold(task: TaskRecord, outcome: Outcome) -> Outcome:
-            return await fold_update(outcome, accumulator.add)
+            return await fold_update(outcome, accumulator.add, cap)
 
-        results = await self._fit_tasks(record, clock, cohort, None, fold)
+        if not cohort:
+            clock.enter(Phase.FIT)
+            return results, accumulator
+        results += await self._fit_tasks(record, clock, cohort, None, fold)
         return results, accumulator
+
+    async def _refold(
+        self, record: RoundRecord, update: ResumedUpdate, accumulator: StreamingMean
+    ) -> Outcome:
+        """Fold one staged update again (its file's digest checked first) and record it."""
+        task, outcome = resumed_task(update, asyncio.get_running_loop())
+        try:
+            tensors = await asyncio.to_thread(update.load)
+        except CheckpointCorruptError as exc:
+            outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
+        else:
+            outcome.payload = DeltaUpdate(tensors)
+            outcome = await fold_update(outcome, accumulator.add, self._cfg.max_examples_per_client)
+        record.outcomes.append((task, outcome))
+        self._observer.task_settled(record.number, task, outcome)
+        log.info(
+            "round %d: update of node %d staged before the restart folded again (%s)",
+            record.number,
+            task.node_id,
+            outcome.status,
+        )
+        return outcome
 
     async def _secure_fit(
         self, record: RoundRecord, cohort: list[NodeSession], clock: PhaseClock
@@ -235,13 +284,24 @@ class SyncEngine:
 
     # ----------------------------------------------------------- select, evaluate
 
-    async def _select(self, number: int) -> list[NodeSession]:
-        need = self._cfg.min_clients
+    async def _select(
+        self, number: int, skip: set[int] | frozenset[int] = frozenset()
+    ) -> list[NodeSession]:
+        """Sample the cohort among the available nodes not in ``skip``.
+
+        ``skip`` are the nodes whose updates of the round are already in hand (staged
+        before a restart): they count towards the minimum and the target.
+        """
+        need = max(self._cfg.min_clients - len(skip), 0)
         registry, runner = self._parts.registry, self._runner
         deadline = self._clock.monotonic() + self._cfg.wait_for_clients_s
+
+        def candidates() -> list[NodeSession]:
+            return [s for s in registry.available() if s.node_id not in skip]
+
         while True:
             registry.expire()
-            available = registry.available()
+            available = candidates()
             if len(available) >= need:
                 break
             remaining = deadline - self._clock.monotonic()
@@ -252,8 +312,10 @@ class SyncEngine:
                 )
             runner.forget_changes()
             await runner.wait_for_change(min(remaining, 1.0))
-        target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select))
-        available = await self._grace_for_target(available, target, deadline)
+        target = max(need, round(self._cfg.clients_per_round * self._cfg.over_select) - len(skip))
+        if target <= 0:
+            return []
+        available = await self._grace_for_target(available, target, deadline, candidates)
         rng = random.Random(self._cfg.seed * 1_000_003 + number)
         scheduler = self._parts.scheduler
         if scheduler is None:
@@ -265,7 +327,11 @@ class SyncEngine:
         return choice.sessions
 
     async def _grace_for_target(
-        self, available: list[NodeSession], target: int, deadline: float
+        self,
+        available: list[NodeSession],
+        target: int,
+        deadline: float,
+        candidates: Callable[[], list[NodeSession]],
     ) -> list[NodeSession]:
         """Once the minimum is there, give the rest of the target a short while to connect.
 
@@ -277,7 +343,7 @@ class SyncEngine:
             runner.forget_changes()
             await runner.wait_for_change(grace_end - self._clock.monotonic())
             registry.expire()
-            available = registry.available()
+            available = candidates()
         return available
 
     async def _evaluate(self, record: RoundRecord, weights: Weights) -> None:

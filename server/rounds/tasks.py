@@ -252,8 +252,18 @@ class TaskRunner:
             self._scheduler.observe(task, outcome)
 
 
-async def fold_update(outcome: Outcome, fold: Callable[[WeightsView, float], None]) -> Outcome:
-    """Fold a fit's update into a running sum, weighted by its examples; free it after.
+def weight_of(num_examples: int, cap: int | None) -> int:
+    """A result's weight: its examples, at most ``cap`` (``strategy.max_examples_per_client``).
+
+    The cap keeps one client from claiming the whole aggregate with a large report.
+    """
+    return num_examples if cap is None else min(num_examples, cap)
+
+
+async def fold_update(
+    outcome: Outcome, fold: Callable[[WeightsView, float], None], cap: int | None = None
+) -> Outcome:
+    """Fold a fit's update into a running sum, weighted by its (capped) examples; free it.
 
     An update the strategy or its codec refuses makes the outcome ``rejected``.
     """
@@ -262,7 +272,7 @@ async def fold_update(outcome: Outcome, fold: Callable[[WeightsView, float], Non
         outcome.refuse("rejected", "a fit result without an update")
         return outcome
     try:
-        await asyncio.to_thread(fold, payload.tensors, float(outcome.num_examples))
+        await asyncio.to_thread(fold, payload.tensors, float(weight_of(outcome.num_examples, cap)))
     except (UpdateRejected, CodecError) as rejected:
         outcome.status, outcome.reason = "rejected", str(rejected)
     finally:
@@ -270,11 +280,13 @@ async def fold_update(outcome: Outcome, fold: Callable[[WeightsView, float], Non
     return outcome
 
 
-def summarise(strategy: Strategy, results: Sequence[Outcome]) -> tuple[float | None, Metrics]:
-    """The example-weighted loss and the strategy's aggregate of the results' metrics."""
-    pairs = [(r.num_examples, r.metrics) for r in results]
+def summarise(
+    strategy: Strategy, results: Sequence[Outcome], cap: int | None = None
+) -> tuple[float | None, Metrics]:
+    """The example-weighted (capped: :func:`weight_of`) loss and aggregate of the metrics."""
+    pairs = [(weight_of(r.num_examples, cap), r.metrics) for r in results]
     metrics = strategy.aggregate_metrics(pairs) if pairs else {}
-    losses = [(r.num_examples, r.loss) for r in results if r.loss is not None]
+    losses = [(weight_of(r.num_examples, cap), r.loss) for r in results if r.loss is not None]
     total = sum(n for n, _ in losses)
     loss = sum(n * v for n, v in losses) / total if total else None
     return loss, metrics
@@ -291,4 +303,12 @@ async def _first(*awaitables: Any) -> None:
                 future.cancel()
 
 
-__all__ = ["NoteOutcome", "StageInput", "TakeResult", "TaskRunner", "fold_update", "summarise"]
+__all__ = [
+    "NoteOutcome",
+    "StageInput",
+    "TakeResult",
+    "TaskRunner",
+    "fold_update",
+    "summarise",
+    "weight_of",
+]

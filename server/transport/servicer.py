@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import cast
@@ -40,6 +40,13 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.config import CompressionConfig
 from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
+from geofl.server.nodes.bounds import (
+    Reported,
+    check_metrics,
+    check_reported,
+    error_text,
+    poll_timeout,
+)
 from geofl.server.nodes.identity import ChallengeBook, JoinCheck, NodeIdentity
 from geofl.server.nodes.outcomes import (
     DeltaUpdate,
@@ -49,7 +56,7 @@ from geofl.server.nodes.outcomes import (
     StageResult,
 )
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
-from geofl.server.nodes.updates import announced_size, check_num_examples, delta_check
+from geofl.server.nodes.updates import announced_size, delta_check
 from geofl.server.transport.guard import Rejections
 
 log = logging.getLogger(__name__)
@@ -92,6 +99,9 @@ class ServerState:
     challenges: ChallengeBook = field(default_factory=ChallengeBook)
     #: Hears every refused identity, forbidden request and replay: (kind, details).
     on_refusal: Callable[[str, dict[str, Scalar]], None] | None = None
+    #: Makes an accepted plain fit update durable before it is acknowledged (None: the
+    #: update lives only in the spool; see :mod:`geofl.server.models.staging`).
+    stage_update: Callable[[TaskRecord, Outcome], Awaitable[None]] | None = None
 
 
 #: Refusals that are recorded: someone tried what is not theirs.
@@ -278,7 +288,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         try:
             with _translated():
                 session = self._session(context, "GetTask")
-                timeout = min(max(request.poll_timeout_s, 0.0), _MAX_POLL_S)
+                timeout = poll_timeout(request.poll_timeout_s, _MAX_POLL_S)
                 held = request.held_version if request.has_model else None
                 return await self._next_task(session, timeout, held)
         except _AbortError as abort:
@@ -403,6 +413,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise TaskError("the task's deadline has passed", code=ErrorCode.TASK_EXPIRED)
         try:
             outcome = await self._receive(task, header, self._alive_while(session, messages))
+            outcome.bytes_up += len(raw or b"")
+            outcome.bytes_up_raw += len(raw or b"")
+            await self._make_durable(task, outcome)
         except TruncatedStreamError as exc:
             task.settle(Outcome("dropped", f"upload ended early (client disconnected?): {exc}"))
             raise
@@ -412,10 +425,28 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             task.settle(Outcome("dropped", "client disconnected during upload"))
             raise
-        outcome.bytes_up += len(raw or b"")
-        outcome.bytes_up_raw += len(raw or b"")
         task.settle(outcome)
         return pb.SubmitReply(accepted=True)
+
+    async def _make_durable(self, task: TaskRecord, outcome: Outcome) -> None:
+        """Stage an accepted plain fit update on disk and in the database (if configured).
+
+        Runs before the client hears ``accepted``: an acknowledged update survives the
+        coordinator. An update that cannot be staged is freed; a database that stays
+        away past its retries settles the task as dropped (the client may try again).
+        """
+        stage = self._s.stage_update
+        if stage is None or outcome.status != "ok" or not isinstance(outcome.payload, DeltaUpdate):
+            return
+        try:
+            await stage(task, outcome)
+        except WireError:
+            outcome.release()
+            raise
+        except Exception as exc:
+            outcome.release()
+            task.settle(Outcome("dropped", f"the server could not stage the update: {exc}"))
+            raise
 
     async def _alive_while(
         self, session: NodeSession, messages: AsyncIterator[bytes]
@@ -437,31 +468,24 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return await self._receive_reply(header, messages)
         if header.trailer_follows:
             return await self._receive_overlapped(task, header, messages)
-        metrics = serde.scalar_map(header.metrics)
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
-            return Outcome("failed", header.error or "client error", metrics=metrics)
+            metrics = check_metrics(serde.scalar_map(header.metrics))
+            return Outcome("failed", error_text(header.error), metrics=metrics)
         if header.status != pb.RESULT_STATUS_OK:
             raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
-        loss = header.loss
         if task.kind in ("advertise", "share", "unmask"):
             if header.update_kind != pb.UPDATE_KIND_NONE or not header.HasField("secagg"):
                 raise ProtocolError(f"a {task.kind} result carries a SecAggResult and no tensors")
             return Outcome(
                 "ok", payload=StageResult(header.secagg), compute_s=header.compute_s or None
             )
+        reported = _reported(header, fit=task.kind == "fit")
         if task.kind == "evaluate":
             if header.update_kind != pb.UPDATE_KIND_NONE:
                 raise ProtocolError("an evaluation result carries no tensors")
-            return Outcome(
-                "ok",
-                num_examples=int(header.num_examples),
-                loss=loss,
-                metrics=metrics,
-                compute_s=header.compute_s or None,
-            )
-        check_num_examples(header.num_examples)
+            return _ok(reported)
         if task.secagg is not None:
-            return await self._receive_masked(task.secagg, header, messages)
+            return await self._receive_masked(task.secagg, header, reported, messages)
         sink, assembler = self._delta_receiver(header, self._s.spec)
         try:
             received = await _drain(assembler, messages)
@@ -469,16 +493,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             sink.discard()
             raise
         update = sink.update()
-        return Outcome(
-            "ok",
-            num_examples=int(header.num_examples),
-            loss=loss,
-            metrics=metrics,
-            payload=DeltaUpdate(update, update.close),
-            compute_s=header.compute_s or None,
-            bytes_up=received,
-            bytes_up_raw=received - assembler.payload_bytes + assembler.total_bytes,
-        )
+        outcome = _ok(reported)
+        outcome.payload = DeltaUpdate(update, update.close)
+        outcome.bytes_up = received
+        outcome.bytes_up_raw = received - assembler.payload_bytes + assembler.total_bytes
+        return outcome
 
     def _delta_receiver(
         self, header: pb.UploadHeader, expected: ModelSpec
@@ -515,7 +534,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         return outcome
 
     async def _receive_masked(
-        self, secagg: pb.SecAggTask, header: pb.UploadHeader, messages: AsyncIterator[bytes]
+        self,
+        secagg: pb.SecAggTask,
+        header: pb.UploadHeader,
+        reported: Reported,
+        messages: AsyncIterator[bytes],
     ) -> Outcome:
         """One ring vector: the flattened weighted update and the weight, masked."""
         if header.update_kind != pb.UPDATE_KIND_MASKED:
@@ -526,17 +549,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
         sink = streams.ArraySink()
         assembler = streams.Assembler(sink, expected, max_total_bytes=expected[0].nbytes)
         received = await _drain(assembler, messages)
-        return Outcome(
-            "ok",
-            num_examples=int(header.num_examples),
-            loss=header.loss,
-            metrics=serde.scalar_map(header.metrics),
-            # The assembler checked its dtype against the ring's (uint16 or uint32).
-            payload=MaskedVector(cast(RingArray, sink.weights[MASKED_TENSOR])),
-            compute_s=header.compute_s or None,
-            bytes_up=received,
-            bytes_up_raw=received,
-        )
+        outcome = _ok(reported)
+        # The assembler checked its dtype against the ring's (uint16 or uint32).
+        outcome.payload = MaskedVector(cast(RingArray, sink.weights[MASKED_TENSOR]))
+        outcome.bytes_up = outcome.bytes_up_raw = received
+        return outcome
 
     async def _receive_reply(
         self, header: pb.UploadHeader, messages: AsyncIterator[bytes]
@@ -546,7 +563,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("the reply to a message task must carry UploadHeader.flower")
         reply = MessageReply(header.flower, {})
         if header.status == pb.RESULT_STATUS_CLIENT_ERROR:
-            return Outcome("failed", header.error or "client error", payload=reply)
+            return Outcome("failed", error_text(header.error), payload=reply)
         if header.status != pb.RESULT_STATUS_OK:
             raise ProtocolError(f"UploadHeader.status {header.status} is not a valid status")
         if header.update_kind not in (pb.UPDATE_KIND_FULL, pb.UPDATE_KIND_NONE):
@@ -605,18 +622,33 @@ async def _drain_until_trailer(
 
 def _trailer_outcome(trailer: pb.UploadHeader) -> Outcome:
     """The outcome a partial-sync trailer reports (its tensors are added by the caller)."""
-    metrics = serde.scalar_map(trailer.metrics)
     if trailer.status == pb.RESULT_STATUS_CLIENT_ERROR:
-        return Outcome("failed", trailer.error or "client error", metrics=metrics)
+        metrics = check_metrics(serde.scalar_map(trailer.metrics))
+        return Outcome("failed", error_text(trailer.error), metrics=metrics)
     if trailer.status != pb.RESULT_STATUS_OK:
         raise ProtocolError(f"upload trailer status {trailer.status} is not a valid status")
-    check_num_examples(trailer.num_examples)
+    return _ok(_reported(trailer, fit=True))
+
+
+def _reported(header: pb.UploadHeader, *, fit: bool) -> Reported:
+    """A result header's figures, each checked against its bounds (ProtocolError if not)."""
+    return check_reported(
+        num_examples=int(header.num_examples),
+        loss=header.loss,
+        metrics=serde.scalar_map(header.metrics),
+        compute_s=header.compute_s,
+        fit=fit,
+    )
+
+
+def _ok(reported: Reported) -> Outcome:
+    """A good result's outcome with the figures it reported (payload added by the caller)."""
     return Outcome(
         "ok",
-        num_examples=int(trailer.num_examples),
-        loss=trailer.loss,
-        metrics=metrics,
-        compute_s=trailer.compute_s or None,
+        num_examples=reported.num_examples,
+        loss=reported.loss,
+        metrics=reported.metrics,
+        compute_s=reported.compute_s,
     )
 
 

@@ -172,8 +172,9 @@ def _corrupt(kind: str, update: Update, data: st.DataObject) -> tuple[type[Geofl
         )
         return TensorError, f"an upload of {update.payload_bytes} bytes"
     elif kind == "num_examples":
-        update.num_examples = data.draw(st.integers(-5, 0))
-        return ProtocolError, "num_examples > 0"
+        # Nothing, a negative count, or more than the database's INTEGER column holds.
+        update.num_examples = data.draw(st.integers(-5, 0) | st.integers(2**31, 2**64 - 1))
+        return ProtocolError, "1 <= num_examples <= 2147483647"
     update.payload_bytes = _payload_bytes(tensors)
     want = next(t for t in update.expected if t.name == name)
     return TensorError, f"expected {want.describe()}, got {name}: "

@@ -1,14 +1,16 @@
 """A numpy-only app for integration tests; behaviour chosen per node by node config.
 
 Node config ``behaviour``: ``ok`` (default), ``wrong-shape``, ``raise``, ``slow``
-(sleeps ``delay_s`` seconds in fit).  Every client adds ``1 + partition-id`` to the
-float tensors and reports ``10 * (partition-id + 1)`` examples, so the aggregate of
-a round is known exactly.
+(sleeps ``delay_s`` seconds in fit). With ``count-dir`` set, every fit appends its
+``server_round`` to ``<count-dir>/<partition-id>.log`` (how often a client trained).
+Every client adds ``1 + partition-id`` to the float tensors and reports
+``10 * (partition-id + 1)`` examples, so the aggregate of a round is known exactly.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -29,12 +31,16 @@ def server_evaluate(weights: WeightsView) -> tuple[float, dict[str, float]]:
 
 
 class ScriptedClient(Client):
-    def __init__(self, partition: int, behaviour: str, delay_s: float) -> None:
+    def __init__(self, partition: int, behaviour: str, delay_s: float, count_dir: str = "") -> None:
         self.partition = partition
         self.behaviour = behaviour
         self.delay_s = delay_s
+        self.count_dir = count_dir
 
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        if self.count_dir:
+            with (Path(self.count_dir) / f"{self.partition}.log").open("a") as log:
+                log.write(f"{config.get('server_round')}\n")
         if self.behaviour == "raise":
             raise ValueError("deliberate failure in fit")
         if self.behaviour == "slow":
@@ -57,6 +63,7 @@ def client_app(context: ClientContext) -> Client:
         int(node.get("partition-id", 0)),
         str(node.get("behaviour", "ok")),
         float(node.get("delay_s", 1.0)),
+        str(node.get("count-dir", "")),
     )
 
 

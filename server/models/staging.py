@@ -1,0 +1,203 @@
+"""Durable uploads: an accepted fit update is on disk and in the database before its ack.
+
+The spool (:mod:`geofl.server.models.spool`) holds an upload while it streams in and is
+checked; that is memory or an unnamed file, gone with the process. For a round to survive
+a SIGKILL, every update the server *acknowledges* must outlive it, so the servicer hands
+each accepted fit to :meth:`DurableUploads.stage` before it answers the client: the
+decoded update is written to a content-addressed safetensors file (fsynced, renamed into
+place, as a checkpoint is) under ``<checkpoints>/staged`` and recorded with its SHA-256 in
+``staged_updates``, beside the figures its participation will carry.
+
+A coordinator restarted in the middle of round N reads :meth:`DurableUploads.resumed` for
+N: each staged update whose file still has its recorded digest is folded again, and its
+node is not asked to train again. When a round commits or fails its staged rows and files
+go (:meth:`DurableUploads.clear`), and on start every round but the one being resumed is
+cleared, so nothing staged is ever folded into two rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from geofl.protocols.types import Weights
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
+from geofl.server.nodes.registry import TaskRecord
+from geofl.storage import CheckpointStore, Database, queries
+from geofl.storage.queries import StagedUpdateRecord
+
+log = logging.getLogger(__name__)
+
+#: Folder of the staged updates, inside the checkpoint directory.
+STAGED_DIRECTORY = "staged"
+
+__all__ = ["STAGED_DIRECTORY", "DurableUploads", "ResumedUpdate", "resumed_task"]
+
+
+@dataclass(frozen=True)
+class ResumedUpdate:
+    """A staged update of the round being resumed; ``load`` re-checks its digest first."""
+
+    record: StagedUpdateRecord
+    load: Callable[[], Weights]
+
+
+class DurableUploads:
+    """Stages accepted fit updates of one run on disk and in its database.
+
+    Parameters
+    ----------
+    db
+        The run's database (``staged_updates``).
+    checkpoints
+        The run's checkpoint directory; the files go to its ``staged`` folder.
+    run_id
+        The run the updates belong to.
+    clock
+        Dates the rows (a virtual clock in simulations).
+    """
+
+    def __init__(
+        self, db: Database, checkpoints: Path, run_id: int, clock: Clock = WALL_CLOCK
+    ) -> None:
+        self._db = db
+        self._files = CheckpointStore(checkpoints / STAGED_DIRECTORY)
+        self._run_id = run_id
+        self._clock = clock
+
+    async def stage(self, task: TaskRecord, outcome: Outcome) -> None:
+        """Write ``task``'s accepted update to disk and record it; return once both are durable.
+
+        The update is decoded here (a compressed one once: the decoded tensors stay cached
+        for the fold). Raises :class:`geofl.protocols.codecs.CodecError` for an update that
+        does not decode, which the caller refuses like any bad upload.
+        """
+        payload = outcome.payload
+        if not isinstance(payload, DeltaUpdate):
+            raise TypeError("only a plain fit's DELTA update is staged")
+        tensors = dict(payload.tensors)
+        file = await asyncio.to_thread(self._files.save, self._run_id, task.round, tensors)
+        started = task.started_at or task.issued_at
+        record = StagedUpdateRecord(
+            run_id=self._run_id,
+            round=task.round,
+            node_id=task.node_id,
+            task_id=task.task_id,
+            model_version=task.model_version,
+            file=file,
+            num_examples=outcome.num_examples,
+            loss=outcome.loss,
+            metrics=dict(outcome.metrics),
+            compute_s=outcome.compute_s,
+            bytes_up=outcome.bytes_up,
+            bytes_up_raw=outcome.bytes_up_raw,
+            bytes_down=task.bytes_down,
+            bytes_down_raw=task.bytes_down_raw,
+            started_at=dt.datetime.fromtimestamp(started, dt.UTC) if started else None,
+            created_at=self._clock.now(),
+        )
+        await asyncio.to_thread(self._record, record)
+
+    def _record(self, record: StagedUpdateRecord) -> None:
+        with self._db.session() as session:
+            queries.stage_update(session, record)
+
+    def resumed(self, number: int, version: int) -> list[ResumedUpdate]:
+        """Round ``number``'s staged updates trained on ``version``; every other round cleared.
+
+        Updates trained on another model version cannot be folded into this round's
+        aggregate; they are dropped with the other rounds' (and logged).
+        """
+        self.clear(keep_round=number)
+        with self._db.session() as session:
+            records = queries.staged_updates(session, self._run_id, number)
+        usable = [r for r in records if r.model_version == version]
+        for stale in (r for r in records if r.model_version != version):
+            log.warning(
+                "staged update of node %d trained on version %d, round %d starts from %d: dropped",
+                stale.node_id,
+                stale.model_version,
+                number,
+                version,
+            )
+        return [ResumedUpdate(r, self._loader(r)) for r in usable]
+
+    def _loader(self, record: StagedUpdateRecord) -> Callable[[], Weights]:
+        def load() -> Weights:
+            weights, _ = self._files.load(record.file)  # verifies size and SHA-256
+            return weights
+
+        return load
+
+    def clear(self, *, keep_round: int | None = None) -> None:
+        """Delete staged rows and files of every round but ``keep_round`` (None: all)."""
+        with self._db.session() as session:
+            kept = (
+                queries.staged_updates(session, self._run_id, keep_round)
+                if keep_round is not None
+                else []
+            )
+            gone = [
+                r.file
+                for r in queries.staged_updates(session, self._run_id)
+                if r.round != keep_round
+            ]
+            queries.clear_staged(session, self._run_id, keep_round=keep_round)
+        still_used = {r.file.sha256 for r in kept}
+        for file in gone:
+            if file.sha256 not in still_used:
+                self._files.delete(file)
+
+    def clear_round(self, number: int) -> None:
+        """Round ``number`` committed or failed: its staged updates are no longer needed."""
+        with self._db.session() as session:
+            records = queries.staged_updates(session, self._run_id, number)
+            queries.clear_staged_round(session, self._run_id, number)
+            remaining = {r.file.sha256 for r in queries.staged_updates(session, self._run_id)}
+        for record in records:
+            if record.file.sha256 not in remaining:
+                self._files.delete(record.file)
+
+
+def resumed_task(
+    update: ResumedUpdate, loop: asyncio.AbstractEventLoop
+) -> tuple[TaskRecord, Outcome]:
+    """The settled fit task and the outcome a staged update stands for (payload not loaded).
+
+    The task keeps its original id and timings, so the participation recorded again after
+    the restart is the one the node earned before it.
+    """
+    record = update.record
+    future: asyncio.Future[Outcome] = loop.create_future()
+    outcome = Outcome(
+        "ok",
+        num_examples=record.num_examples,
+        loss=record.loss,
+        metrics=dict(record.metrics),
+        compute_s=record.compute_s,
+        bytes_up=record.bytes_up,
+        bytes_up_raw=record.bytes_up_raw,
+    )
+    future.set_result(outcome)
+    started = record.started_at.timestamp() if record.started_at else None
+    task = TaskRecord(
+        task_id=record.task_id,
+        node_id=record.node_id,
+        kind="fit",
+        round=record.round,
+        model_version=record.model_version,
+        config={},
+        deadline=record.created_at.timestamp(),
+        future=future,
+        issued_at=started or record.created_at.timestamp(),
+        started_at=started,
+        bytes_down=record.bytes_down,
+        bytes_down_raw=record.bytes_down_raw,
+        settled_at=record.created_at.timestamp(),
+    )
+    return task, outcome

@@ -1,0 +1,130 @@
+"""Out-of-range result headers over real gRPC: a rejected participation, never a crash.
+
+``num_examples = 2**63`` once overflowed ``participations.num_examples`` (a 32-bit
+INTEGER) and ended the coordinator. Every figure of an UploadHeader is now bounded
+(:mod:`geofl.server.nodes.bounds`); a hostile client is refused with the reason, and the
+round commits with the honest clients.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from geofl.protocols.errors import ProtocolError
+from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
+
+from .conftest import run_config
+from .test_bad_input import GOOD, _header, _raw_client
+
+
+def _with(**fields: Any) -> Any:
+    def header(task: pb.Task) -> pb.UploadHeader:
+        message = _header(task)
+        metrics = fields.pop("metrics", {})
+        for key, value in fields.items():
+            setattr(message, key, value)
+        for key, scalar in metrics.items():
+            message.metrics[key].CopyFrom(scalar)
+        return message
+
+    return header
+
+
+BAD_HEADERS = {
+    # uint64 on the wire: "negative" counts arrive as huge ones (two's complement).
+    "num_examples_2^63": (_with(num_examples=2**63), "num_examples <= 2147483647"),
+    "num_examples_negative": (_with(num_examples=2**64 - 5), "num_examples <= 2147483647"),
+    "num_examples_2^31": (_with(num_examples=2**31), "got 2147483648"),
+    "num_examples_zero": (_with(num_examples=0), "1 <= num_examples"),
+    "loss_nan": (_with(loss=float("nan")), "loss must be a finite number"),
+    "loss_inf": (_with(loss=float("inf")), "loss must be a finite number"),
+    "compute_s_negative": (_with(compute_s=-1.0), "compute_s must be within"),
+    "compute_s_nan": (_with(compute_s=float("nan")), "compute_s must be within"),
+    "metric_nan": (_with(metrics={"acc": pb.Scalar(double=float("nan"))}), "must be finite"),
+    "metric_inf": (_with(metrics={"acc": pb.Scalar(double=float("-inf"))}), "must be finite"),
+    "metric_huge_string": (
+        _with(metrics={"note": pb.Scalar(string="x" * 1_000_000)}),
+        "holds 1000000 bytes, at most 4096",
+    ),
+    "metric_huge_bytes": (
+        _with(metrics={"blob": pb.Scalar(bytes=b"\0" * 100_000)}),
+        "holds 100000 bytes",
+    ),
+    "metric_huge_int": (_with(metrics={"n": pb.Scalar(int=2**62)}), "beyond +-2**53"),
+    "metric_long_name": (_with(metrics={"k" * 500: pb.Scalar(int=1)}), "metric name must have"),
+    "too_many_metrics": (
+        _with(metrics={f"m{i}": pb.Scalar(int=i) for i in range(300)}),
+        "300 metrics in one result",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HEADERS))
+def test_out_of_range_header_is_a_rejected_participation(
+    tmp_path: Path, serve: Any, case: str
+) -> None:
+    make_header, reason = BAD_HEADERS[case]
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 3, "min_clients": 2},
+    )
+    server = serve(config)
+    server.add_client(0)
+    server.add_client(1)
+    errors: list[BaseException] = []
+    raw = _raw_client(
+        server.port,
+        "evil",
+        lambda conn, task: conn.submit(make_header(task), GOOD, 1 << 16, 10),
+        errors,
+    )
+    result = server.wait()
+    raw.join(10)
+    assert result.status == "completed"
+    assert len(errors) == 1 and isinstance(errors[0], ProtocolError), errors
+    assert reason in str(errors[0])
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        detail = queries.run_detail(session, result.run_id)
+    evil = [p for p in detail.participations if p.node_name == "evil"]
+    assert [p.status for p in evil] == ["rejected"]
+    assert reason in (evil[0].reason or "")
+    assert detail.rounds[0].status == "committed" and detail.rounds[0].num_succeeded == 2
+
+
+def test_max_examples_per_client_caps_a_clients_weight(tmp_path: Path, serve: Any) -> None:
+    """A client claiming 2**31 - 1 examples weighs no more than the cap (10 here)."""
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2, "max_examples_per_client": 10},
+    )
+    server = serve(config)
+    server.add_client(0)  # adds 1 to every float tensor, reports 10 examples
+    errors: list[BaseException] = []
+    greedy = {**GOOD, "w": np.full((4, 3), 3.0, np.float32), "b": np.full(3, 3.0, np.float32)}
+    raw = _raw_client(
+        server.port,
+        "greedy",
+        lambda conn, task: conn.submit(_with(num_examples=2**31 - 1)(task), greedy, 1 << 16, 10),
+        errors,
+    )
+    result = server.wait()
+    raw.join(10)
+    assert result.status == "completed" and not errors, errors
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        detail = queries.run_detail(session, result.run_id)
+        row = queries.latest_checkpoint(session, result.run_id)
+    assert row is not None
+    claimed = {p.node_name: p.num_examples for p in detail.participations}
+    assert claimed["greedy"] == 2**31 - 1  # recorded as reported
+    weights, _ = CheckpointStore(tmp_path / "ckpt").load(CheckpointRecord.from_row(row))
+    # Equal weights (10 and a capped 10): the mean of +1 and +3. Uncapped it would be ~3.
+    np.testing.assert_allclose(weights["b"], 2.0, rtol=1e-6)
