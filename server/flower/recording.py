@@ -47,6 +47,11 @@ log = logging.getLogger(__name__)
 RoundKind = Literal["fit", "evaluate"]
 #: What a strategy computed on the server: its fit or evaluate aggregate, or evaluate_fn's.
 ServerSource = Literal["fit", "evaluate", "server"]
+_SOURCE_NAMES: dict[ServerSource, str] = {
+    "fit": "aggregate_train",
+    "evaluate": "aggregate_evaluate",
+    "server": "evaluate_fn",
+}
 
 #: MetricRecord keys read as the participation's loss, by task kind, in order.
 _LOSS_KEYS: dict[RoundKind, tuple[str, ...]] = {
@@ -218,7 +223,7 @@ class RoundBook:
             queries.add_event(
                 session,
                 "flower.server_evaluation" if source == "server" else "flower.aggregate",
-                f"the strategy's {source} result for round {number}",
+                f"the strategy's {_SOURCE_NAMES[source]} result for round {number}",
                 run_id=self._run_id,
                 round=number,
                 data={"source": source, "metrics": values},

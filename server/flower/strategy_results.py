@@ -93,7 +93,9 @@ class _Watched:
         self._saved: dict[str, Any] = {}
 
     def __enter__(self) -> None:
-        own = vars(self._strategy)
+        own = getattr(self._strategy, "__dict__", None)
+        if own is None:  # a strategy with __slots__ only: its aggregates are not seen
+            return
         self._saved = {name: own[name] for name in self._METHODS if name in own}
         train, evaluate = self._strategy.aggregate_train, self._strategy.aggregate_evaluate
 
@@ -117,7 +119,9 @@ class _Watched:
         own["aggregate_evaluate"] = aggregate_evaluate
 
     def __exit__(self, *exc: object) -> None:
-        own = vars(self._strategy)
+        own = getattr(self._strategy, "__dict__", None)
+        if own is None:
+            return
         for name in self._METHODS:
             own.pop(name, None)
         own.update(self._saved)
