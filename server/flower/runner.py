@@ -1,11 +1,14 @@
 """The coordinator of a Flower app: geofl's server, with a ServerApp driving the rounds.
 
 The composition mirrors :class:`geofl.server.coordinator.Coordinator`: open the
-database, serve gRPC (clients connect and long-poll as for any geofl run), run, tell
-every client the run is over, record the outcome.  The difference is who drives: the
-ServerApp runs unchanged in its own thread with a :class:`~.grid.GeoflGrid` and a Flower
-``Context`` whose ``run_config`` is the app's config; its messages become tasks, and
-its rounds are recorded like native ones (:mod:`.recording`).
+database, serve gRPC (clients connect and long-poll as for any geofl run), wait for
+``run.min_nodes`` nodes (as Flower's simulation registers every node before its
+ServerApp starts), run, tell every client the run is over, record the outcome.  The
+difference is who drives: the ServerApp runs unchanged in its own thread with a
+:class:`~.grid.GeoflGrid` and a Flower ``Context`` whose ``run_config`` is the app's
+config; its messages become tasks, and its rounds are recorded like native ones
+(:mod:`.recording`), with what its strategy computes on the server
+(:mod:`.strategy_results`).
 
 A Flower run is not resumable: the strategy's state lives inside the ServerApp, so a
 restarted server starts a new run.
