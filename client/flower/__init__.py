@@ -32,7 +32,9 @@ How geofl talks to them (:mod:`.records`):
 * The ClientApp is loaded once per process and stays loaded between rounds. One Flower
   ``Context`` per process is built from geofl's :class:`~geofl.client.app.ClientContext`
   (node id, node config, run config = the run's ``round_config``); its ``state``
-  RecordDict persists across rounds. geofl has no Flower run id: ``run_id`` is 0.
+  RecordDict persists across rounds. Against a server running a Flower ServerApp,
+  ``run_id`` is that run's id (the one the ServerApp sees); against a geofl strategy,
+  which has no Flower run, it is 0.
 
 Secure aggregation: Flower's ``secaggplus_mod`` / ``secagg_mod`` cannot run against a geofl
 server (they expect the four SecAgg+ stages from Flower's workflow). They are recognised,

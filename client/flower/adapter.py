@@ -10,6 +10,7 @@ run, and one Flower ``Context`` per process carries ``state`` from round to roun
 from __future__ import annotations
 
 import inspect
+import logging
 
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
@@ -31,6 +32,7 @@ from geofl.protocols.types import Config, Metrics, Weights, WeightsView
 __all__ = ["FlowerClient", "FlowerReplyError", "flower_factory"]
 
 _EVALUATE_HANDLER = f"{MessageType.EVALUATE}.default"
+_FLOWER_LOGGER = "flwr"
 
 
 class FlowerClient(Client):
@@ -80,9 +82,13 @@ class FlowerClient(Client):
         """Run any Flower message through the ClientApp, with this process's Context.
 
         The reply is returned as the app made it (error replies included); for a server
-        that speaks Flower messages itself rather than geofl's fit/evaluate tasks.
+        that speaks Flower messages itself rather than geofl's fit/evaluate tasks.  Such a
+        server's messages carry its run id, which the Context then carries too, as under
+        Flower, where the ServerApp and every ClientApp of a run see one ``run_id``.
         """
         self.flower_context.node_id = self._node.node_id
+        if message.metadata.run_id != UNKNOWN_RUN_ID:
+            self.flower_context.run_id = message.metadata.run_id
         return self._app(message, self.flower_context)
 
     def _send(self, content: RecordDict, message_type: str, config: Config) -> Message:
@@ -131,4 +137,7 @@ def flower_factory(target: object, spec: str) -> ClientFactory:
         app = strip_secure_aggregation(_as_client_app(target, spec))
     except RuntimeError as exc:
         raise ClientAppError(f"client app {spec!r}: {exc}") from exc
+    # Flower's logger prints with its own handler; passed on to the root logger's as well
+    # (geofl client configures one), each of the app's log lines showed twice.
+    logging.getLogger(_FLOWER_LOGGER).propagate = False
     return lambda context: FlowerClient(app, context)

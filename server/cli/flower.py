@@ -3,6 +3,11 @@
 ``server`` serves the app's ServerApp to ``geofl client --app <components.clientapp>``
 processes started anywhere; ``simulate`` also starts the clients on this machine, with
 ``partition-id``/``num-partitions`` node config as Flower's simulation gives them.
+
+Both components are checked before anything starts.  The ServerApp starts once
+``run.min_nodes`` nodes have joined (``--min-nodes``; in a simulation, every client), so
+its first round samples the whole federation as under Flower's simulation.  A run that
+fails ends its simulated clients at once, rather than waiting for them to give up.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from geofl.server.coordinator import RunResult
 from geofl.server.flower.app_dir import (
     ConfigValue,
     FlowerApp,
+    check_components,
     fuse_run_config,
     load_app_dir,
     load_server_app,
@@ -27,6 +33,7 @@ from geofl.server.flower.app_dir import (
 )
 from geofl.server.flower.config import FlowerRunConfig, load_flower_config
 from geofl.server.flower.errors import FlowerAppError
+from geofl.server.flower.federation import nodes_from_flower_settings
 from geofl.server.flower.runner import FlowerCoordinator
 from geofl.server.rounds.observers import RoundEndCallback
 from geofl.server.simulation.commands import simulated_client_command
@@ -35,6 +42,7 @@ from geofl.server.simulation.processes import ProcessGroup
 __all__ = ["client_command", "run_flower"]
 
 _WATCH_S = 0.5
+_FLOWER_LOGGER = "flwr"
 
 
 @dataclass(frozen=True)
@@ -45,12 +53,15 @@ class _Plan:
     clients: int
 
 
-def _client_count(settings: FlowerRunConfig, app: FlowerApp) -> int:
-    count = settings.simulation.clients or app.num_supernodes
+def _client_count(settings: FlowerRunConfig, app: FlowerApp, flower: int | None) -> int:
+    """run.yaml's count, else Flower's settings outside the app, else the pyproject's."""
+    count = settings.simulation.clients or flower or app.num_supernodes
     if count is None:
         raise FlowerAppError(
-            f"how many clients? set options.num-supernodes of a federation in {app.pyproject} "
-            "(e.g. [tool.flwr.federations.local-simulation] options.num-supernodes = 3) or "
+            "how many clients? pass --federation-config num-supernodes=3 (as to `flwr run`), "
+            "set options.num-supernodes of the SuperLink connection in $FLWR_HOME/config.toml "
+            f"or of a federation in {app.pyproject} (e.g. "
+            "[tool.flwr.federations.local-simulation] options.num-supernodes = 3), or "
             "simulation.clients in run.yaml (--set simulation.clients=3)"
         )
     return count
@@ -70,10 +81,19 @@ def _client_env(app: FlowerApp) -> dict[str, str]:
 
 
 async def _watch(coordinator: FlowerCoordinator, clients: ProcessGroup) -> None:
-    """Fail the run if every client process died: the ServerApp would wait for them forever."""
+    """Fail the run if every client process died (the ServerApp would wait for them
+    forever), or if one died before every node had joined (it never will)."""
     while True:
         await asyncio.sleep(_WATCH_S)
         codes = clients.poll()
+        early = [(i, code) for i, code in enumerate(codes) if code is not None]
+        if early and not coordinator.serverapp_started:
+            index, code = early[0]
+            coordinator.abort(
+                f"client {index} exited (code {code}) before every node had joined, so the "
+                "ServerApp was not started; see its output above"
+            )
+            return
         if codes and all(code is not None for code in codes):
             coordinator.abort(
                 f"every client process exited before the ServerApp finished (exit codes {codes}); "
@@ -108,6 +128,8 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[tuple[str
         result = await coordinator.run()
         if watcher is not None:
             watcher.cancel()
+        if result.status != "completed":  # the clients need not finish: stop() ends them
+            return result, []
         return result, await clients.exit_codes()
     finally:
         if watcher is not None:
@@ -117,11 +139,21 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[tuple[str
 
 
 def _plan(args: argparse.Namespace, simulate: bool) -> _Plan:
+    """Everything checked before anything starts: settings, app, components, clients."""
     settings = load_flower_config(args.config, args.overrides)
-    app = load_app_dir(args.flower_app, getattr(args, "federation", None))
+    federation = getattr(args, "federation", None)
+    flower = None
+    if simulate:
+        flower = nodes_from_flower_settings(args.federation_config, federation)
+        if flower.connection_found:  # --federation named a config.toml connection
+            federation = None
+    app = load_app_dir(args.flower_app, federation)
+    check_components(app)
     run_config = fuse_run_config(app, parse_run_config(args.run_config))
-    clients = _client_count(settings, app) if simulate else 0
-    return _Plan(app, settings, run_config, clients)
+    clients = _client_count(settings, app, flower.count if flower else None) if simulate else 0
+    min_nodes = args.min_nodes or settings.run.min_nodes or (clients or None)
+    run = settings.run.model_copy(update={"min_nodes": min_nodes})
+    return _Plan(app, settings.model_copy(update={"run": run}), run_config, clients)
 
 
 def run_flower(args: argparse.Namespace) -> int:
@@ -130,6 +162,8 @@ def run_flower(args: argparse.Namespace) -> int:
         level=logging.WARNING - 10 * min(args.verbose, 2),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    # Flower's logger prints with its own handler; passed on to ours, each line showed twice.
+    logging.getLogger(_FLOWER_LOGGER).propagate = False
     simulate = args.command == "simulate"
     try:
         plan = _plan(args, simulate)

@@ -57,8 +57,17 @@ def run_serve(args: argparse.Namespace) -> int:
             ExitCode.USAGE,
             "-c/--config RUN.yaml is required (or --flower-app DIR for a Flower app)",
         )
-    if args.run_config or getattr(args, "federation", None):
-        return fail(ExitCode.USAGE, "--run-config and --federation need --flower-app DIR")
+    flower_only = (
+        args.run_config,
+        getattr(args, "federation", None),
+        getattr(args, "federation_config", None),
+        getattr(args, "min_nodes", None),
+    )
+    if any(flower_only):
+        return fail(
+            ExitCode.USAGE,
+            "--run-config, --federation, --federation-config and --min-nodes need --flower-app DIR",
+        )
     try:
         result, codes = _run(args)
     except BaseException as exc:  # exit_code_for re-raises what has no exit code

@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from flwr.serverapp import ServerApp
+from flwr.supercore import object_ref
 
 from geofl.server.flower.errors import FlowerAppError
 
 __all__ = [
     "ConfigValue",
     "FlowerApp",
+    "check_components",
     "fuse_run_config",
     "load_app_dir",
     "load_server_app",
@@ -260,6 +262,31 @@ def _import_component(app: FlowerApp, which: str) -> Any:
             raise FlowerAppError(f"components.{which} = {spec!r}: {module_name} has no {attr!r}")
         target = getattr(target, part)
     return target
+
+
+def check_components(app: FlowerApp) -> None:
+    """Check that both components exist before anything starts, as ``flwr run`` does.
+
+    Flower's own check (``object_ref.validate``): the module is found on the app's path
+    and defines the attribute, read from its source without running it, so a typo in
+    either component is one error at once rather than a failure of every client later.
+
+    Raises
+    ------
+    FlowerAppError
+        Naming the component, its value and what is missing.
+    """
+    for which, spec in (("serverapp", app.serverapp), ("clientapp", app.clientapp)):
+        try:
+            valid, reason = object_ref.validate(spec, check_module=True, project_dir=app.root)
+        except ImportError as exc:  # a missing parent package of a dotted module
+            valid, reason = False, f"Unable to load module {spec.partition(':')[0]} ({exc})"
+        if not valid:
+            first_line = (reason or "not found").strip().splitlines()[0]
+            raise FlowerAppError(
+                f"{app.pyproject}: [tool.flwr.app.components] {which} = {spec!r}: "
+                f"{first_line} (looked in {app.root})"
+            )
 
 
 def load_server_app(app: FlowerApp) -> ServerApp:

@@ -44,7 +44,7 @@ def _section(description: str) -> Any:
 
 
 class FlowerRunSection(Section):
-    """The run's name in the database."""
+    """The run's name in the database, and the nodes the ServerApp waits for."""
 
     name: str | None = Field(
         default=None,
@@ -52,6 +52,18 @@ class FlowerRunSection(Section):
         max_length=128,
         pattern=r"^[A-Za-z0-9_.-]+$",
         description="Run name; null = the app's project name.",
+    )
+    min_nodes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Nodes that must have joined before the ServerApp starts (as Flower's "
+        "simulation registers every node first); null = none for geofl server (--min-nodes "
+        "sets it), every client for geofl simulate.",
+    )
+    wait_for_nodes_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long to wait for min_nodes before the run fails.",
     )
 
 

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Coroutine, Hashable, Iterable
 from typing import Any, TypeVar
 
-from flwr.app import Error, Message, RecordDict
+from flwr.app import Error, Message, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -33,9 +33,10 @@ from geofl.protocols.flower import (
 from geofl.protocols.tensors import spec_of
 from geofl.server.flower.errors import GridClosedError, UnsupportedFlowerFeatureError
 from geofl.server.flower.hub import MessageHub, Outgoing, PreparedArrays, RoundKind
+from geofl.server.flower.recording import ServerSource
 from geofl.server.nodes.outcomes import MessageReply, Outcome
 
-__all__ = ["GeoflGrid", "round_of"]
+__all__ = ["GeoflGrid", "group_of", "round_of"]
 
 _T = TypeVar("_T")
 #: Seconds between checks that the event loop is still there while a call waits.
@@ -69,6 +70,18 @@ def round_of(message: Message) -> tuple[int, RoundKind | None]:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value, kind
     return 0, kind
+
+
+def group_of(message: Message) -> str | None:
+    """The ``group_id`` of a train/evaluate message when it names no round, else None.
+
+    Flower's strategies and workflows set ``group_id`` to the round number; a ServerApp
+    that sends, say, a final evaluation with ``group_id="final"`` means no round by it.
+    """
+    group = message.metadata.group_id
+    if not group or group.isdigit():
+        return None
+    return group
 
 
 def _arrays_key(records: RecordDict) -> tuple[Hashable, tuple[Any, ...]]:
@@ -162,6 +175,12 @@ class GeoflGrid(Grid):
             self._call(self._hub.abandon(ids, "no reply within send_and_receive's timeout"))
         return replies
 
+    # ------------------------------------------------------------ geofl's records
+
+    def record_computed(self, number: int, source: ServerSource, metrics: MetricRecord) -> None:
+        """Record what the strategy computed on the server (see :mod:`.strategy_results`)."""
+        self._call(self._hub.computed(number, source, dict(metrics)))
+
     # ------------------------------------------------------------ internals
 
     def _call(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
@@ -191,6 +210,7 @@ class GeoflGrid(Grid):
             arrays=self._arrays(records, prepared),
             round_number=number,
             kind=kind,
+            group=group_of(message) if kind is not None else None,
         )
 
     def _arrays(

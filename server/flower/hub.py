@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -27,7 +27,7 @@ from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Weights
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.flower.errors import GridClosedError
-from geofl.server.flower.recording import RoundBook
+from geofl.server.flower.recording import RoundBook, ServerSource
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
@@ -62,6 +62,8 @@ class Outgoing:
     round_number: int
     #: None for messages that are not part of a round (query, custom types).
     kind: RoundKind | None
+    #: A train/evaluate message's ``group_id`` when it names no round ("final"): no round's.
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ class _Pending:
     kind: RoundKind | None
     outcome: Outcome | None = None
     timer: asyncio.TimerHandle | None = None
+    group: str | None = None
 
 
 @dataclass
@@ -195,6 +198,12 @@ class MessageHub:
             if pending is not None and pending.task is not None:
                 pending.task.settle(Outcome("late", reason))
 
+    async def computed(
+        self, number: int, source: ServerSource, metrics: Mapping[str, object]
+    ) -> None:
+        """Record what the strategy computed on the server for round ``number``."""
+        self._rounds.computed(number, source, metrics)
+
     def close(self, reason: str) -> None:
         """End of the run: settle every open task as dropped, take no more messages."""
         self._closed, self._reason = True, reason
@@ -208,7 +217,7 @@ class MessageHub:
         message = outgoing.message
         message_id = message.metadata.message_id
         number = 0
-        if outgoing.kind is not None:
+        if outgoing.kind is not None and outgoing.group is None:
             number = self._rounds.pushed(outgoing.round_number, outgoing.kind, cohort)
         if session is None:
             reason = f"node {message.metadata.dst_node_id} is not connected"
@@ -229,6 +238,9 @@ class MessageHub:
             spec=outgoing.arrays.spec,
         )
         pending = _Pending(message, session, task, version, number, outgoing.kind)
+        if outgoing.kind is not None and outgoing.group is not None:
+            pending.group = outgoing.group
+            self._rounds.group_pushed(outgoing.group, outgoing.kind)
         loop = asyncio.get_running_loop()
         expired = Outcome("late", "no reply within the message's TTL")
         pending.timer = loop.call_later(max(0.0, deadline - time.time()), task.settle, expired)
@@ -244,7 +256,9 @@ class MessageHub:
         if pending.timer is not None:
             pending.timer.cancel()
         self._versions.release(pending.version)
-        if pending.kind is not None:
+        if pending.kind is not None and pending.group is not None:
+            self._rounds.group_settled(pending.group, pending.kind, pending.outcome)
+        elif pending.kind is not None:
             self._rounds.settled(pending.round_number, pending.kind, task, pending.outcome)
 
     def _nodes_changed(self) -> None:

@@ -7,6 +7,17 @@ legacy workflow sets it) or, failing that, the ``server-round`` of its ConfigRec
 higher round commits the open one; the end of the ServerApp commits the last (or fails
 it, if the app failed).  Each reply is a participation, with the bytes the node moved
 and the ``num-examples``, loss and metrics of its MetricRecords.
+
+Messages whose ``group_id`` is not a round number (a final evaluation sent as
+``group_id="final"``) are no round's: each such group is recorded as one
+``flower.group`` event when its last reply is in, and never merged into a round.
+
+What a strategy computes on the server (:mod:`.strategy_results`) is recorded too: the
+metrics its ``aggregate_train``/``aggregate_evaluate`` return go into the round's
+``fit_metrics``/``eval_metrics`` (over geofl's example-weighted means of the replies,
+which Flower's default aggregation equals), and its ``evaluate_fn`` results into the
+round's ``server_eval_loss``/``server_eval_metrics``.  The evaluation before round 1
+(round 0), or of a round already committed, becomes a ``flower.server_evaluation`` event.
 """
 
 from __future__ import annotations
@@ -14,7 +25,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 from flwr.app import MetricRecord
@@ -28,11 +40,18 @@ from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import RoundRecord
 from geofl.storage import Database, RoundPhase, RoundStatus, queries
 
-__all__ = ["RoundBook", "reply_metrics", "weighted_summary"]
+__all__ = ["RoundBook", "ServerSource", "numeric_metrics", "reply_metrics", "weighted_summary"]
 
 log = logging.getLogger(__name__)
 
 RoundKind = Literal["fit", "evaluate"]
+#: What a strategy computed on the server: its fit or evaluate aggregate, or evaluate_fn's.
+ServerSource = Literal["fit", "evaluate", "server"]
+_SOURCE_NAMES: dict[ServerSource, str] = {
+    "fit": "aggregate_train",
+    "evaluate": "aggregate_evaluate",
+    "server": "evaluate_fn",
+}
 
 #: MetricRecord keys read as the participation's loss, by task kind, in order.
 _LOSS_KEYS: dict[RoundKind, tuple[str, ...]] = {
@@ -65,6 +84,29 @@ def reply_metrics(reply: MessageReply) -> dict[str, int | float]:
     return values
 
 
+def numeric_metrics(record: Mapping[str, object]) -> dict[str, int | float]:
+    """The int and float values of a MetricRecord (lists, which geofl has none of, dropped)."""
+    return {
+        key: value
+        for key, value in record.items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }
+
+
+def _loss_of(values: Mapping[str, int | float], kind: RoundKind) -> float | None:
+    loss = next((values[k] for k in _LOSS_KEYS[kind] if k in values), None)
+    return None if loss is None else float(loss)
+
+
+@dataclass
+class _Group:
+    """The messages of one non-round group (e.g. ``group_id="final"``) and their outcomes."""
+
+    kind: RoundKind
+    pushed: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+
 def _read_reply(outcome: Outcome, kind: RoundKind) -> None:
     """Fill the outcome's examples, loss and metrics from its reply's MetricRecords."""
     if outcome.status != "ok" or not isinstance(outcome.payload, MessageReply):
@@ -72,8 +114,7 @@ def _read_reply(outcome: Outcome, kind: RoundKind) -> None:
     values = reply_metrics(outcome.payload)
     counts = [values.pop(key) for key in NUM_EXAMPLES_KEYS if key in values]
     outcome.num_examples = max(0, int(counts[0])) if counts else 0
-    loss = next((values[k] for k in _LOSS_KEYS[kind] if k in values), None)
-    outcome.loss = None if loss is None else float(loss)
+    outcome.loss = _loss_of(values, kind)
     outcome.metrics = dict(values)
 
 
@@ -120,6 +161,9 @@ class RoundBook:
         self._outcomes: dict[RoundKind, list[Outcome]] = {"fit": [], "evaluate": []}
         self._phase: RoundKind | None = None
         self._since = time.monotonic()
+        #: The strategy's server-side results for the open round, by source.
+        self._computed: dict[ServerSource, dict[str, int | float]] = {}
+        self._groups: dict[tuple[str, RoundKind], _Group] = {}
 
     def pushed(self, number: int, kind: RoundKind, cohort: int = 0) -> int:
         """A train/evaluate message for round ``number`` (0: unknown) goes out; its round.
@@ -168,19 +212,76 @@ class RoundBook:
             self._current.outcomes.append((task, outcome))
             self._outcomes[kind].append(outcome)
 
+    def computed(self, number: int, source: ServerSource, metrics: Mapping[str, object]) -> None:
+        """The strategy computed ``metrics`` on the server for round ``number`` (see module)."""
+        values = numeric_metrics(metrics)
+        current = self._current
+        if current is not None and current.number == number:
+            self._computed[source] = values
+            return
+        with self._db.session() as session:
+            queries.add_event(
+                session,
+                "flower.server_evaluation" if source == "server" else "flower.aggregate",
+                f"the strategy's {_SOURCE_NAMES[source]} result for round {number}",
+                run_id=self._run_id,
+                round=number,
+                data={"source": source, "metrics": values},
+            )
+
+    def group_pushed(self, group: str, kind: RoundKind) -> None:
+        """A message of the non-round group ``group`` went to a node."""
+        self._groups.setdefault((group, kind), _Group(kind)).pushed += 1
+
+    def group_settled(self, group: str, kind: RoundKind, outcome: Outcome) -> None:
+        """A message of ``group`` settled; the group is recorded once all have."""
+        _read_reply(outcome, kind)
+        entry = self._groups.get((group, kind))
+        if entry is None:
+            return
+        entry.outcomes.append(outcome)
+        if len(entry.outcomes) >= entry.pushed:
+            del self._groups[(group, kind)]
+            self._record_group(group, entry)
+
     def finish(self, error: str | None) -> None:
         """The ServerApp ended: commit the open round, or fail it with ``error``."""
         if self._current is not None:
             self._close(self._current, error)
             self._current = None
+        for (group, _), entry in list(self._groups.items()):
+            self._record_group(group, entry)
+        self._groups.clear()
 
     # ------------------------------------------------------------ internals
+
+    def _record_group(self, group: str, entry: _Group) -> None:
+        loss, metrics = weighted_summary(entry.outcomes)
+        ok = sum(1 for o in entry.outcomes if o.status == "ok")
+        data = {
+            "group_id": group,
+            "kind": entry.kind,
+            "messages": entry.pushed,
+            "succeeded": ok,
+            "failed": len(entry.outcomes) - ok,
+            "loss": loss,
+            "metrics": dict(metrics),
+        }
+        with self._db.session() as session:
+            queries.add_event(
+                session,
+                "flower.group",
+                f"{entry.kind} messages of group {group!r}: {ok}/{entry.pushed} ok",
+                run_id=self._run_id,
+                data=data,
+            )
 
     def _open(self, number: int, cohort: int) -> RoundRecord:
         with self._db.session() as session:
             self._round_ids[number] = queries.start_round(session, self._run_id, number, cohort).id
         self._current = RoundRecord(number)
         self._outcomes = {"fit": [], "evaluate": []}
+        self._computed = {}
         self._phase = None
         self._since = time.monotonic()
         return self._current
@@ -204,6 +305,7 @@ class RoundBook:
     def _close(self, record: RoundRecord, error: str | None) -> None:
         record.train_loss, record.fit_metrics = weighted_summary(self._outcomes["fit"])
         record.eval_loss, record.eval_metrics = weighted_summary(self._outcomes["evaluate"])
+        self._apply_computed(record)
         elapsed = self._elapsed(record)
         round_id = self._round_ids[record.number]
         with self._db.session() as session:
@@ -216,8 +318,26 @@ class RoundBook:
                     fit_metrics=dict(record.fit_metrics),
                     eval_loss=record.eval_loss,
                     eval_metrics=dict(record.eval_metrics),
+                    server_eval_loss=record.server_eval_loss,
+                    server_eval_metrics=dict(record.server_eval_metrics),
                     seconds_in_last_phase=elapsed,
                 )
             else:
                 queries.fail_round(session, round_id, error, status=RoundStatus.FAILED)
         self._observer.round_ended(record, "committed" if error is None else f"failed: {error}")
+
+    def _apply_computed(self, record: RoundRecord) -> None:
+        """The strategy's own aggregates over geofl's means; its evaluate_fn result."""
+        fit, evaluate = self._computed.get("fit"), self._computed.get("evaluate")
+        if fit is not None:
+            record.fit_metrics = {**record.fit_metrics, **fit}
+            loss = _loss_of(fit, "fit")
+            record.train_loss = record.train_loss if loss is None else loss
+        if evaluate is not None:
+            record.eval_metrics = {**record.eval_metrics, **evaluate}
+            loss = _loss_of(evaluate, "evaluate")
+            record.eval_loss = record.eval_loss if loss is None else loss
+        server = self._computed.get("server")
+        if server is not None:
+            record.server_eval_loss = _loss_of(server, "evaluate")
+            record.server_eval_metrics = dict(server)

@@ -1,11 +1,14 @@
 """The coordinator of a Flower app: geofl's server, with a ServerApp driving the rounds.
 
 The composition mirrors :class:`geofl.server.coordinator.Coordinator`: open the
-database, serve gRPC (clients connect and long-poll as for any geofl run), run, tell
-every client the run is over, record the outcome.  The difference is who drives: the
-ServerApp runs unchanged in its own thread with a :class:`~.grid.GeoflGrid` and a Flower
-``Context`` whose ``run_config`` is the app's config; its messages become tasks, and
-its rounds are recorded like native ones (:mod:`.recording`).
+database, serve gRPC (clients connect and long-poll as for any geofl run), wait for
+``run.min_nodes`` nodes (as Flower's simulation registers every node before its
+ServerApp starts), run, tell every client the run is over, record the outcome.  The
+difference is who drives: the ServerApp runs unchanged in its own thread with a
+:class:`~.grid.GeoflGrid` and a Flower ``Context`` whose ``run_config`` is the app's
+config; its messages become tasks, and its rounds are recorded like native ones
+(:mod:`.recording`), with what its strategy computes on the server
+(:mod:`.strategy_results`).
 
 A Flower run is not resumable: the strategy's state lives inside the ServerApp, so a
 restarted server starts a new run.
@@ -36,6 +39,7 @@ from geofl.server.flower.config import FlowerRunConfig
 from geofl.server.flower.grid import GeoflGrid
 from geofl.server.flower.hub import MessageHub
 from geofl.server.flower.recording import RoundBook
+from geofl.server.flower.strategy_results import install as record_strategy_results
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.registry import Registry
@@ -48,6 +52,9 @@ __all__ = ["FlowerCoordinator"]
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 10.0
+#: After a failed run: nodes busy in a handler do not poll; do not wait long for them.
+_FAILED_GRACE_S = 2.0
+_NODE_POLL_S = 0.05
 _ROUNDS_KEY = "num-server-rounds"
 
 
@@ -92,6 +99,8 @@ class FlowerCoordinator:
         self._hub: MessageHub | None = None
         self._aborted: asyncio.Event | None = None
         self._abort_reason = "aborted"
+        #: Whether the ServerApp's thread has started (every awaited node had joined).
+        self.serverapp_started = False
         shared: dict[str, Scalar] = dict(self.run_config)  # every client's run config
         self._state = ServerState(
             registry=self.registry,
@@ -153,7 +162,7 @@ class FlowerCoordinator:
     # ------------------------------------------------------------ the run
 
     async def run(self) -> RunResult:
-        """Run the ServerApp to its end, then shut every client down."""
+        """Wait for ``run.min_nodes`` nodes, run the ServerApp to its end, shut clients down."""
         if self._server is None:
             await self.start()
         loop = asyncio.get_running_loop()
@@ -167,9 +176,15 @@ class FlowerCoordinator:
         )
         reaper = asyncio.create_task(self._reap())
         abort_wait = asyncio.ensure_future(aborted.wait())
-        thread.start()
         try:
-            status, error = await self._outcome(done, abort_wait)
+            missing = await self._wait_for_nodes(abort_wait)
+            if missing is None:
+                self.serverapp_started = True
+                record_strategy_results()
+                thread.start()
+                status, error = await self._outcome(done, abort_wait)
+            else:
+                status, error = "failed", missing
         except asyncio.CancelledError:
             self._record_end(hub, rounds, "failed", "interrupted")
             raise
@@ -177,8 +192,37 @@ class FlowerCoordinator:
             reaper.cancel()
             abort_wait.cancel()
         self._record_end(hub, rounds, status, error)
-        await self._shutdown_clients()
+        await self._shutdown_clients(
+            _SHUTDOWN_GRACE_S if status == "completed" else _FAILED_GRACE_S
+        )
         return RunResult(self.run_id, status, None, self.settings.storage.url, error)
+
+    async def _wait_for_nodes(self, aborted: asyncio.Future[Any]) -> str | None:
+        """Wait until ``min_nodes`` nodes are online; None, or why the run cannot start.
+
+        Flower's simulation registers every node before its ServerApp starts, so a
+        strategy's first sampling sees the whole federation; a ServerApp started earlier
+        samples whoever happened to have joined.
+        """
+        need = self.settings.run.min_nodes or 0
+        limit = self.settings.run.wait_for_nodes_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        if need:
+            log.info("waiting for %d nodes to join before the ServerApp starts", need)
+        while True:
+            self.registry.expire()
+            joined = len(self.registry.online())
+            if joined >= need:
+                return None
+            if aborted.done():
+                return self._abort_reason
+            if loop.time() >= deadline:
+                return (
+                    f"only {joined} of {need} nodes joined within {limit:g} s "
+                    "(run.wait_for_nodes_s); the ServerApp was not started"
+                )
+            await asyncio.wait({aborted}, timeout=_NODE_POLL_S)
 
     async def _outcome(
         self, done: asyncio.Future[None], aborted: asyncio.Future[Any]
@@ -238,11 +282,11 @@ class FlowerCoordinator:
             for node in self.registry.expire():
                 log.info("node %d (%s) went offline", node.node_id, node.name)
 
-    async def _shutdown_clients(self) -> None:
-        """Tell every online client the run is over, then stop serving."""
+    async def _shutdown_clients(self, grace_s: float) -> None:
+        """Tell every online client the run is over (for ``grace_s`` at most), stop serving."""
         self.registry.finished.set()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + _SHUTDOWN_GRACE_S
+        deadline = loop.time() + grace_s
         while loop.time() < deadline:
             self.registry.expire()
             waiting = {s.node_id for s in self.registry.online()}

@@ -9,7 +9,9 @@ configs and metrics and Flower's records and messages.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import math
 import threading
 import types
@@ -64,6 +66,13 @@ __all__ = [
 _YAML_TYPES = frozenset({bool, int, float, str, type(None)})
 _DEFAULT_WEIGHT_KEY = "num-examples"
 _identity_lock = threading.Lock()
+_FLOWER_LOGGER = logging.getLogger("flwr")
+#: Flower's strategies log their sampling with this text (``FedAvg.configure_train`` ...).
+_SAMPLING_LOG = ": Sampled %s nodes (out of %s)"
+
+# Flower's logger prints with its own handler; passed on to geofl's root handler as well,
+# each of its lines showed twice.
+_FLOWER_LOGGER.propagate = False
 
 
 # ------------------------------------------------------------------ construction
@@ -303,7 +312,10 @@ def configure(
     """
     ensure_identity()
     hook = strategy.configure_train if phase == "train" else strategy.configure_evaluate
-    messages = list(hook(server_round, arrays, ConfigRecord(dict(base_config)), grid_for(strategy)))
+    with _without_sampling_log():
+        messages = list(
+            hook(server_round, arrays, ConfigRecord(dict(base_config)), grid_for(strategy))
+        )
     if not messages:
         raise StrategyError(f"Flower configure_{phase} selected no clients in round {server_round}")
     records = list(messages[0].content.config_records.values())
@@ -317,6 +329,33 @@ def configure(
             )
         config[key] = value
     return config
+
+
+class _SamplingLogFilter(logging.Filter):
+    """Drops the Flower sampling lines logged by one thread.
+
+    Flower samples the stand-in grid (:class:`CohortGrid`), so it would log "Sampled 2
+    nodes (out of 2)" however many clients geofl's scheduler picked; geofl's own round
+    line says who trained.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._thread = threading.get_ident()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.thread == self._thread and str(record.msg).endswith(_SAMPLING_LOG))
+
+
+@contextlib.contextmanager
+def _without_sampling_log() -> typing.Iterator[None]:
+    """Flower's sampling log lines left out while this thread configures a round."""
+    dropped = _SamplingLogFilter()
+    _FLOWER_LOGGER.addFilter(dropped)
+    try:
+        yield
+    finally:
+        _FLOWER_LOGGER.removeFilter(dropped)
 
 
 def array_record(tensors: Iterable[tuple[str, npt.NDArray[Any]]]) -> ArrayRecord:

@@ -32,6 +32,9 @@ with warnings.catch_warnings():  # flwr's import chain trips deprecation warning
 from geofl.client.flower.adapter import FlowerClient, FlowerReplyError, flower_factory
 from geofl.client.flower.mods import unwrap_chain
 from geofl.client.flower.records import instruction
+from geofl.client.flower_messages import message_from_task
+from geofl.protocols.flower import layout_to_wire
+from geofl.protocols.v1 import geofl_pb2 as pb
 
 
 def _context(node_id: int = 7, **node: Any) -> ClientContext:
@@ -254,6 +257,23 @@ def test_handle_message_routes_any_message_with_the_same_context() -> None:
     client.fit(_weights(), {})
     reply = client.handle_message(instruction(RecordDict(), "query", 7, {}))
     assert reply.content["metrics"]["train"] == 1
+
+
+def test_the_context_carries_the_run_id_of_the_servers_messages() -> None:
+    """Under a ServerApp, the ClientApp's ``context.run_id`` is that run's, as in Flower."""
+    app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return _reply(msg, None, **{"run-id": context.run_id})
+
+    client = _client(app)
+    native = instruction(RecordDict(), "query", 7, {})
+    assert client.handle_message(native).content["metrics"]["run-id"] == 0  # no Flower run
+    task = pb.Task(task_id=1, run_id=12, flower=layout_to_wire(RecordDict(), "query", ""))
+    reply = client.handle_message(message_from_task(task, {}, 7))  # as a ServerApp sends it
+    assert reply.content["metrics"]["run-id"] == 12
+    assert client.flower_context.run_id == 12
 
 
 # ------------------------------------------------------------------ legacy client_fn

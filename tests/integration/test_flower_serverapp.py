@@ -294,14 +294,27 @@ def test_bad_flower_inputs_give_one_clear_error(
     assert "Traceback" not in result.stderr
 
 
-def test_a_serverapp_that_does_not_import_is_a_user_code_error(tmp_path: Path) -> None:
+def test_a_missing_serverapp_is_a_usage_error_before_serving(tmp_path: Path) -> None:
     pyproject = (APP_DIR / "pyproject.toml").read_text()
     app_dir = _write_app(tmp_path, pyproject.replace("server_app:app", "server_app:missing"))
     result = run_geofl(
         tmp_path, "server", "--flower-app", str(app_dir), "--set", "server.address=127.0.0.1:0"
     )
+    assert result.returncode == 2, result.stderr
+    assert "Unable to find attribute missing in module flowernp.server_app" in result.stderr
+    assert "listening on port" not in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_a_serverapp_that_does_not_import_is_a_user_code_error(tmp_path: Path) -> None:
+    app_dir = _write_app(tmp_path, (APP_DIR / "pyproject.toml").read_text())
+    module = app_dir / "flowernp" / "server_app.py"
+    module.write_text(module.read_text() + "\nraise RuntimeError('broken at import')\n")
+    result = run_geofl(
+        tmp_path, "server", "--flower-app", str(app_dir), "--set", "server.address=127.0.0.1:0"
+    )
     assert result.returncode == 5, result.stderr
-    assert "has no 'missing'" in result.stderr
+    assert "RuntimeError: broken at import" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -309,9 +322,10 @@ def test_flower_options_without_a_flower_app_are_usage_errors(tmp_path: Path) ->
     missing = run_geofl(tmp_path, "server", "--set", "run.rounds=1")
     assert missing.returncode == 2 and "-c/--config RUN.yaml is required" in missing.stderr
     stray = run_geofl(tmp_path, "simulate", "-c", "run.yaml", "--run-config", "lr=0.1")
-    assert (
-        stray.returncode == 2 and "--run-config and --federation need --flower-app" in stray.stderr
-    )
+    assert stray.returncode == 2
+    assert "--run-config, --federation, --federation-config and --min-nodes need" in stray.stderr
+    nodes = run_geofl(tmp_path, "server", "-c", "run.yaml", "--min-nodes", "3")
+    assert nodes.returncode == 2 and "need --flower-app DIR" in nodes.stderr
 
 
 def test_help_lists_the_flower_options() -> None:
@@ -319,4 +333,6 @@ def test_help_lists_the_flower_options() -> None:
         result = run_geofl(Path.cwd(), command, "--help")
         assert result.returncode == 0
         assert "--flower-app DIR" in result.stdout and "--run-config" in result.stdout
-    assert "--federation" in run_geofl(Path.cwd(), "simulate", "--help").stdout
+    assert "--min-nodes N" in run_geofl(Path.cwd(), "server", "--help").stdout
+    simulate_help = run_geofl(Path.cwd(), "simulate", "--help").stdout
+    assert "--federation" in simulate_help and "--federation-config" in simulate_help

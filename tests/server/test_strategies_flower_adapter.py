@@ -7,6 +7,7 @@ produce the same new model, cast to the model's dtypes, and the same optimizer s
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -250,6 +251,36 @@ def test_configure_fit_sends_flowers_config_without_touching_the_base() -> None:
     )
     dp.begin_round({"w": np.zeros(2, np.float32)})
     assert dp.configure_fit(1, {})["clipping_norm"] == 2.5
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_flowers_sampling_of_the_stand_in_grid_is_not_logged() -> None:
+    """Flower samples a stand-in grid sized to its minimum: "Sampled 2 nodes (out of 2)"
+    would be logged whatever cohort geofl's scheduler picked."""
+    flower_logger = logging.getLogger("flwr")
+    lines = _Lines()
+    flower_logger.addHandler(lines)
+    try:
+        ours = _new("FedAvg", {}, None)
+        ours.begin_round({"w": np.zeros(2, np.float32)})
+        ours.configure_fit(1, {})
+        ours.configure_evaluate(1, {})
+        flower_logger.info("configure_train: Sampled %s nodes (out of %s)", 3, 3)
+    finally:
+        flower_logger.removeHandler(lines)
+    # Only the line logged outside configure passes: the filter is gone afterwards.
+    assert [line for line in lines.lines if "Sampled" in line] == [
+        "configure_train: Sampled 3 nodes (out of 3)"
+    ]
+    assert flower_logger.propagate is False  # its own handler prints it: once, not twice
 
 
 def test_configure_fit_needs_a_begun_round() -> None:

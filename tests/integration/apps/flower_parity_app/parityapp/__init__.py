@@ -1,0 +1,1 @@
+"""parityapp: ServerApps that check geofl runs Flower apps as Flower does."""

@@ -1,0 +1,42 @@
+"""A message-API ClientApp: adds 1 to ``w``, reports its partition, run id and examples."""
+
+import time
+from logging import INFO
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.logger import log
+
+app = ClientApp()
+
+
+def _partition(context: Context) -> int:
+    return int(context.node_config["partition-id"])
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One step: w + 1; sleeps ``sleep-s`` of the message's config first."""
+    config = msg.content.config_records.get("config")
+    time.sleep(float(config.get("sleep-s", 0.0)) if config is not None else 0.0)
+    partition = _partition(context)
+    w = msg.content.array_records["arrays"]["w"].numpy()
+    log(INFO, "parity client %s trained", partition)
+    metrics = MetricRecord(
+        {
+            "num-examples": 10 * (partition + 1),
+            "train_loss": float(partition),
+            "run-id": context.run_id,
+        }
+    )
+    arrays = ArrayRecord({"w": Array(np.asarray(w + 1.0, dtype=np.float32))})
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Reports the mean of ``w`` and a loss of 0.5 over 10 examples."""
+    w = msg.content.array_records["arrays"]["w"].numpy()
+    metrics = MetricRecord({"num-examples": 10, "eval_loss": 0.5, "w-mean": float(w.mean())})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
