@@ -32,6 +32,7 @@ __all__ = [
     "thread_env",
     "worker_count",
     "worker_members",
+    "worker_name",
 ]
 
 #: Environment variables that cap the math libraries' thread pools.
@@ -97,7 +98,7 @@ def start_clients(
 ) -> None:
     """Start the processes of the simulated ``targets`` (all of ``launch.clients``) in ``group``.
 
-    Pooled, each worker is named after its clients (``"clients 0,2,4"``) in messages.
+    Pooled, each worker is named after its clients (:func:`worker_name`) in messages.
     """
     env = thread_env(launch.threads, launch.env)
     node_config = dict(launch.node_config)
@@ -115,4 +116,12 @@ def start_clients(
             launch.clients,
             node_config,
         )
-        group.start(f"clients {','.join(str(m.index) for m in members)}", command, env)
+        group.start(worker_name([m.index for m in members]), command, env)
+
+
+def worker_name(indices: Sequence[int], shown: int = 6) -> str:
+    """A worker as messages name it: ``"clients 0,2,4"``, or ``"clients 0,2,...,98 (50)"``."""
+    if len(indices) <= shown:
+        return "clients " + ",".join(str(i) for i in indices)
+    head = ",".join(str(i) for i in indices[: shown - 1])
+    return f"clients {head},...,{indices[-1]} ({len(indices)})"

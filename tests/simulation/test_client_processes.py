@@ -15,6 +15,7 @@ from geofl.server.simulation.client_processes import (
     thread_env,
     worker_count,
     worker_members,
+    worker_name,
 )
 from geofl.server.simulation.processes import ProcessGroup
 
@@ -40,6 +41,11 @@ def test_clients_are_dealt_round_robin_over_the_workers() -> None:
     groups = worker_members(_targets(5), 2)
     assert [[t.index for t in g] for g in groups] == [[0, 2, 4], [1, 3]]
     assert [[t.index for t in g] for g in worker_members(_targets(2), 4)] == [[0], [1]]
+
+
+def test_a_worker_is_named_after_its_clients_and_long_lists_are_cut() -> None:
+    assert worker_name([1, 3]) == "clients 1,3"
+    assert worker_name(list(range(0, 100, 2))) == "clients 0,2,4,6,8,...,98 (50)"
 
 
 def test_worker_count_defaults_to_the_cores_and_never_exceeds_the_clients() -> None:
