@@ -9,6 +9,7 @@ client.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import warnings
@@ -175,3 +176,42 @@ def test_flower_app_clients_are_pooled_and_keep_context_state(tmp_path: Path) ->
     for fits in by_partition.values():
         assert [r["fits"] for r in fits] == [1, 2, 3]
     assert {r["threads"] for r in records} == {1}
+
+
+def test_clients_of_one_worker_take_turns_at_the_compute_slot(tmp_path: Path, serve: Any) -> None:
+    """Three clients of one pool never fit at the same time (their fits sleep 0.2 s)."""
+    import threading
+    import time
+
+    from geofl.client.app import Client, ClientContext
+    from geofl.client.pool import PooledClient, run_pool
+    from geofl.protocols.types import Config, Metrics, Weights, WeightsView
+
+    from .conftest import run_config
+
+    spans: list[tuple[float, float]] = []
+    lock = threading.Lock()
+
+    class Sleeper(Client):
+        def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+            began = time.monotonic()
+            time.sleep(0.2)
+            with lock:
+                spans.append((began, time.monotonic()))
+            return {k: v + 1 for k, v in parameters.items()}, 1, {}
+
+    def factory(context: ClientContext) -> Client:
+        return Sleeper()
+
+    config = run_config(
+        tmp_path,
+        evaluation={"every": 0, "server": None},
+        strategy={"clients_per_round": 3, "min_clients": 3},
+    )
+    server = serve(config)
+    clients = [PooledClient(i, f"127.0.0.1:{server.port}") for i in range(3)]
+    assert run_pool(factory, clients, 3, {}, reconnect_for_s=10) == 0
+    assert server.wait().status == "completed"
+    assert len(spans) == 3 * config.run.rounds
+    ordered = sorted(spans)
+    assert all(end <= next_began for (_, end), (next_began, _) in itertools.pairwise(ordered))
