@@ -3,7 +3,8 @@
 Usage::
 
     python -m benchmarks.compare --workload mlp-digits --repeats 3 \\
-        --modes deployment,simulation [--rounds 5] [--systems flower,geofl]
+        --modes deployment,simulation [--rounds 5] [--systems flower,geofl] \\
+        [--geofl-sim pooled=false --geofl-sim client_threads=0]
     python -m benchmarks.compare --list
 
 Modes:
@@ -13,7 +14,8 @@ Modes:
   client. Clients reach the server through :mod:`benchmarks.byteproxy`.
 * ``simulation``: each framework's own simulation. Flower: a ``--simulation`` SuperLink with
   the Ray backend (one CPU per virtual client); geofl: ``geofl simulate`` (the coordinator
-  plus one client process per client, over loopback gRPC, no proxy).
+  plus its client worker processes, one per core, each running several clients, over
+  loopback gRPC, no proxy; ``--geofl-sim pooled=false`` gives one process per client).
 
 Every (repeat, mode, system) case is one :func:`benchmarks.harness.run_case`, run under
 the shared heavy-work lock (:func:`benchmarks.core.heavy_lock`; ``--no-lock`` when the
@@ -51,6 +53,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from benchmarks.core import REPO_ROOT, System, heavy_lock
 from benchmarks.flower_system import FlowerSimulationSystem, FlowerSystem
 from benchmarks.geofl_system import GeoflSimulationSystem, GeoflSystem
@@ -64,6 +68,8 @@ __all__ = [
     "build_report",
     "case_metrics",
     "main",
+    "make_system",
+    "parse_settings",
     "render_markdown",
     "run_comparison",
     "scrub_paths",
@@ -225,6 +231,27 @@ def build_report(
     }
 
 
+def make_system(mode: str, system: str, geofl_simulation: Mapping[str, object]) -> System:
+    """The system of one case; geofl's simulation gets the ``--geofl-sim`` settings."""
+    if mode == "simulation" and system == "geofl":
+        return GeoflSimulationSystem(geofl_simulation)
+    return MODES[mode][system]()
+
+
+def parse_settings(items: Sequence[str]) -> dict[str, object]:
+    """``["pooled=false", "client_threads=0"]`` -> ``{"pooled": False, "client_threads": 0}``.
+
+    Values are read as YAML scalars, as geofl's ``--set`` reads them.
+    """
+    settings: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--geofl-sim {item!r} is not KEY=VALUE")
+        settings[key.strip()] = yaml.safe_load(value)
+    return settings
+
+
 def run_comparison(
     named: NamedWorkload,
     modes: Sequence[str],
@@ -236,11 +263,13 @@ def run_comparison(
     max_rss_bytes: int | None = None,
     on_case: Callable[[list[dict[str, Any]]], None] | None = None,
     lock: bool = False,
+    geofl_simulation: Mapping[str, object] | None = None,
 ) -> list[dict[str, Any]]:
     """Run every (repeat, mode, system) case; ``on_case`` sees the list after each one.
 
     ``lock``: hold the shared heavy-work lock during each case (not across the whole
-    comparison, so other people's work can run between cases).
+    comparison, so other people's work can run between cases). ``geofl_simulation``:
+    settings added to the ``simulation`` section of geofl's simulation runs.
     """
     unknown = [m for m in modes if m not in MODES] + [s for s in systems if s not in SYSTEM_NAMES]
     if unknown or repeats < 1:
@@ -252,7 +281,7 @@ def run_comparison(
             for system in systems:
                 with heavy_lock() if lock else contextlib.nullcontext():
                     record = run_case(
-                        MODES[mode][system](),
+                        make_system(mode, system, geofl_simulation or {}),
                         workload,
                         keep_workdirs,
                         max_rss_bytes,
@@ -282,6 +311,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-workdirs", action="store_true", help="keep logs of good runs")
     parser.add_argument("--max-rss-gb", type=float, default=16.0, help="memory brake per run")
     parser.add_argument(
+        "--geofl-sim",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting of the simulation section of geofl's simulation runs, e.g. "
+        "pooled=false or client_threads=0 (repeatable)",
+    )
+    parser.add_argument(
         "--no-lock",
         action="store_true",
         help="do not take the shared heavy-work lock around each run (use when started "
@@ -299,6 +336,10 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         )
     if args.repeats < 1 or (args.rounds is not None and args.rounds < 2):
         parser.error("--repeats must be >= 1 and --rounds >= 2 (round 1 is start-up)")
+    try:
+        args.geofl_sim = parse_settings(args.geofl_sim)
+    except ValueError as exc:
+        parser.error(str(exc))
     return args
 
 
@@ -320,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "repeats": args.repeats,
         "rounds": args.rounds or named.rounds,
         "max_rss_gb": args.max_rss_gb,
+        "geofl_simulation": args.geofl_sim,
     }
 
     def save(cases: list[dict[str, Any]]) -> None:
@@ -343,6 +385,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         int(args.max_rss_gb * 1e9),
         save,
         lock=not args.no_lock,
+        geofl_simulation=args.geofl_sim,
     )
     print(render_markdown(build_report(named, cases, settings)))
     print(f"wrote {out}")

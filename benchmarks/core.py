@@ -75,8 +75,10 @@ def heavy_lock() -> Iterator[None]:
 
 #: What clients do in a round. ``echo``: return the model plus ``1 + partition-id``, no
 #: training (framework cost only). ``mlp-digits``: train the MLP of
-#: :mod:`benchmarks.apps.digits_mlp` (a real task with an accuracy).
-TASKS = ("echo", "mlp-digits")
+#: :mod:`benchmarks.apps.digits_mlp` (a real task with an accuracy). ``cnn-fashion``: train
+#: the CNN of :mod:`benchmarks.apps.fashion_cnn` on Fashion-MNIST (heavier, torch threads
+#: left to the framework).
+TASKS = ("echo", "mlp-digits", "cnn-fashion")
 
 
 class BenchmarkError(RuntimeError):

@@ -78,6 +78,10 @@ GEOFL_APPS: dict[str, tuple[str, str]] = {
         "benchmarks.apps.geofl_digits:client_app",
         "benchmarks.apps.geofl_digits:make_model",
     ),
+    "cnn-fashion": (
+        "benchmarks.apps.geofl_fashion_cnn:client_app",
+        "benchmarks.apps.geofl_fashion_cnn:make_model",
+    ),
 }
 #: ``run.name`` of every benchmark run (each run has its own database).
 RUN_NAME = "framework-bench"
@@ -228,7 +232,7 @@ class GeoflSystem(System):
         if workload.task == "echo":
             run.final_shift = _shift_against_initial(workload.params, final)
         else:
-            run.accuracy = _digits_accuracy(final)
+            run.accuracy = _task_accuracy(workload.task, final)
         run.system_bytes = _system_bytes(reply)
         run.notes["run_id"] = str(run_id)
         run.notes["phase_median_s"] = json.dumps(phase_medians(reply))
@@ -279,7 +283,8 @@ class GeoflSimulationSystem(GeoflSystem):
 
     They connect to it directly (no proxy), so bytes are geofl's own per-round counts of
     encoded model and update bytes. Memory roles: ``server`` = the ``geofl simulate``
-    process, ``client`` = the largest client process.
+    process, ``client`` = the largest client process (a worker holding several clients,
+    unless ``pooled: false``).
     """
 
     wire_proxy = False
@@ -288,11 +293,19 @@ class GeoflSimulationSystem(GeoflSystem):
         "client": MemoryRole(frozenset({"geofl-client"}), per_process=True),
     }
 
+    def __init__(self, simulation: Mapping[str, object] | None = None) -> None:
+        #: Extra ``simulation`` settings (e.g. ``pooled: false``), from ``--geofl-sim``.
+        self.simulation = dict(simulation or {})
+
     def write_config(self, workload: Workload, ctx: RunContext, db_path: Path) -> Path:
-        """``run.yaml`` plus the ``simulation`` section: the clients and their app."""
+        """``run.yaml`` plus the ``simulation`` section: the clients, their app, any extras."""
         path = ctx.workdir / "run.yaml"
         document = run_yaml(workload, ctx.server_port, db_path)
-        document["simulation"] = {"clients": workload.clients, "app": GEOFL_APPS[workload.task][0]}
+        document["simulation"] = {
+            "clients": workload.clients,
+            "app": GEOFL_APPS[workload.task][0],
+            **self.simulation,
+        }
         path.write_text(json.dumps(document, indent=2) + "\n")
         return path
 
@@ -304,8 +317,12 @@ class GeoflSimulationSystem(GeoflSystem):
         ctx.spawn(SERVER_GROUP, "geofl-simulate", argv, env)
 
 
-def _digits_accuracy(final: Mapping[str, np.ndarray]) -> float:
-    """Test accuracy of an ``mlp-digits`` model; torch is imported only for this task."""
+def _task_accuracy(task: str, final: Mapping[str, np.ndarray]) -> float:
+    """Test accuracy of a training task's model; torch is imported only for these tasks."""
+    if task == "cnn-fashion":
+        from benchmarks.apps import fashion_cnn
+
+        return fashion_cnn.accuracy(final)
     from benchmarks.apps import digits_mlp
 
     return digits_mlp.accuracy(final)

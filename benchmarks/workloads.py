@@ -13,10 +13,19 @@ from dataclasses import dataclass
 
 from benchmarks.core import TASKS, Workload
 
-__all__ = ["DIGITS_MLP_PARAMS", "WORKLOADS", "NamedWorkload", "get_workload", "register"]
+__all__ = [
+    "DIGITS_MLP_PARAMS",
+    "FASHION_CNN_PARAMS",
+    "WORKLOADS",
+    "NamedWorkload",
+    "get_workload",
+    "register",
+]
 
 #: Parameters of :mod:`benchmarks.apps.digits_mlp`'s MLP (a test keeps this in step).
 DIGITS_MLP_PARAMS = 26_122
+#: Parameters of :mod:`benchmarks.apps.fashion_cnn`'s CNN (a test keeps this in step).
+FASHION_CNN_PARAMS = 114_314
 
 
 @dataclass(frozen=True)
@@ -116,5 +125,16 @@ register(
         timeout_s=1800.0,
         description="10 clients train a 64-128-128-10 MLP on sklearn digits (5 local epochs), "
         "FedAvg; test accuracy of the final model",
+    )
+)
+register(
+    NamedWorkload(
+        "cnn-fashion",
+        "cnn-fashion",
+        FASHION_CNN_PARAMS,
+        10,
+        timeout_s=1800.0,
+        description="10 clients train a small CNN (2 conv layers) on 600 Fashion-MNIST images "
+        "each (1 local epoch), FedAvg; test accuracy on the 10,000 test images",
     )
 )

@@ -8,12 +8,14 @@ old id back, so the run carries on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,6 +89,10 @@ class ClientOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     #: Where compression state (error-feedback residuals) survives restarts; None = memory.
     state_dir: Path | None = None
+    #: Held while the client app computes (fit, evaluate, a Flower message). Simulated
+    #: clients that share a process share one (a lock), so they take turns at the CPU
+    #: instead of contending for it; their network work still overlaps. None = no turns.
+    compute_slot: AbstractContextManager[object] | None = None
 
 
 class GaveUpError(GeoflError):
@@ -144,6 +150,9 @@ class ClientRuntime:
         self._secure = SecureRounds()
         self._stop = threading.Event()
         self._rejoin = threading.Event()
+        self._slot: AbstractContextManager[object] = (
+            options.compute_slot if options.compute_slot is not None else contextlib.nullcontext()
+        )
         self.session: Session | None = None
         self.tasks_done = 0
 
@@ -198,7 +207,8 @@ class ClientRuntime:
             )
         self._context.node_id = self.session.node_id
         if self._client is None:
-            self._client = self._factory(self._context)
+            with self._slot:  # building it loads data: CPU work too
+                self._client = self._factory(self._context)
 
     def _serve(self) -> bool:
         """Handle tasks; True when the run is over."""
@@ -318,13 +328,14 @@ class ClientRuntime:
             raise RuntimeError("no client app")
         config = scalar_map(task.config)
         keep = partial_sync.keeps_local(config)
-        fit = fit_in_segments(
-            self._client,
-            global_weights,
-            config,
-            lambda index, update: upload.send(self._encode_group(task, update)),
-            self._progress.for_run(task.run_id) if keep else None,
-        )
+        with self._slot:
+            fit = fit_in_segments(
+                self._client,
+                global_weights,
+                config,
+                lambda index, update: upload.send(self._encode_group(task, update)),
+                self._progress.for_run(task.run_id) if keep else None,
+            )
         trailer.num_examples = fit.num_examples
         _fill_metrics(trailer, fit.metrics)
 
@@ -362,9 +373,10 @@ class ClientRuntime:
         try:
             if self._client is None or self.session is None:
                 raise RuntimeError("no client app")
-            content, tensors = flower_messages.answer(
-                self._client, task, arrays, self.session.node_id
-            )
+            with self._slot:
+                content, tensors = flower_messages.answer(
+                    self._client, task, arrays, self.session.node_id
+                )
         except Exception as exc:  # the user's code failed: report it, keep serving
             log.error("client app failed on task %d:\n%s", task.task_id, traceback.format_exc())
             content, tensors = flower_messages.failure(task, exc), {}
@@ -385,7 +397,8 @@ class ClientRuntime:
     ) -> dict[str, Difference]:
         if self._client is None:
             raise RuntimeError("no client app")
-        update = fit_update(self._client, global_weights, config)
+        with self._slot:
+            update = fit_update(self._client, global_weights, config)
         header.update_kind = pb.UPDATE_KIND_DELTA
         header.num_examples = update.num_examples
         _fill_metrics(header, update.metrics)
@@ -429,7 +442,8 @@ class ClientRuntime:
     ) -> None:
         if self._client is None:
             raise RuntimeError("no client app")
-        result = evaluate_model(self._client, global_weights, config)
+        with self._slot:
+            result = evaluate_model(self._client, global_weights, config)
         header.update_kind = pb.UPDATE_KIND_NONE
         header.num_examples = result.num_examples
         header.loss = result.loss

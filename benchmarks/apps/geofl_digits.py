@@ -11,7 +11,7 @@ from benchmarks.apps import digits_mlp
 from geofl.client.app import Client, ClientContext
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 
-__all__ = ["DigitsMlpClient", "client_app", "make_model"]
+__all__ = ["DigitsMlpClient", "client_app", "int_value", "make_model"]
 
 
 class DigitsMlpClient(Client):
@@ -24,7 +24,7 @@ class DigitsMlpClient(Client):
 
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
         """One local training of ``digits_mlp.LOCAL_EPOCHS`` epochs from ``parameters``."""
-        server_round = _int_value(config, "server_round")
+        server_round = int_value(config, "server_round")
         weights, examples, loss = digits_mlp.train(
             parameters, self.partition_id, self.num_partitions, server_round
         )
@@ -36,7 +36,8 @@ class DigitsMlpClient(Client):
         return loss, 1, {"accuracy": share}
 
 
-def _int_value(values: dict[str, Scalar], key: str) -> int:
+def int_value(values: dict[str, Scalar], key: str) -> int:
+    """``values[key]`` as an integer (the apps' node config and round number)."""
     raw = values.get(key)
     if isinstance(raw, bool) or not isinstance(raw, int | str):
         raise ValueError(f"expected an integer {key!r}, got {raw!r}")
@@ -49,8 +50,8 @@ def _int_value(values: dict[str, Scalar], key: str) -> int:
 def client_app(context: ClientContext) -> Client:
     """The client for node config ``partition-id`` of ``num-partitions``."""
     return DigitsMlpClient(
-        _int_value(context.node_config, "partition-id"),
-        _int_value(context.node_config, "num-partitions"),
+        int_value(context.node_config, "partition-id"),
+        int_value(context.node_config, "num-partitions"),
     )
 
 

@@ -2,7 +2,8 @@
 
 ``server`` serves the app's ServerApp to ``geofl client --app <components.clientapp>``
 processes started anywhere; ``simulate`` also starts the clients on this machine, with
-``partition-id``/``num-partitions`` node config as Flower's simulation gives them.
+``partition-id``/``num-partitions`` node config as Flower's simulation gives them, in a few
+long-lived worker processes (:mod:`geofl.server.simulation.client_processes`).
 
 Both components are checked before anything starts.  The ServerApp starts once
 ``run.min_nodes`` nodes have joined (``--min-nodes``; in a simulation, every client), so
@@ -36,10 +37,10 @@ from geofl.server.flower.errors import FlowerAppError
 from geofl.server.flower.federation import nodes_from_flower_settings
 from geofl.server.flower.runner import FlowerCoordinator
 from geofl.server.rounds.observers import RoundEndCallback
-from geofl.server.simulation.commands import simulated_client_command
+from geofl.server.simulation.client_processes import ClientLaunch, ClientTarget, start_clients
 from geofl.server.simulation.processes import ProcessGroup
 
-__all__ = ["client_command", "run_flower"]
+__all__ = ["client_launch", "run_flower"]
 
 _WATCH_S = 0.5
 _FLOWER_LOGGER = "flwr"
@@ -67,10 +68,18 @@ def _client_count(settings: FlowerRunConfig, app: FlowerApp, flower: int | None)
     return count
 
 
-def client_command(plan: _Plan, port: int, index: int) -> list[str]:
-    """Command line of simulated client ``index``."""
-    node_config = dict(plan.settings.simulation.node_config)
-    return simulated_client_command(plan.app.clientapp, port, index, plan.clients, node_config)
+def client_launch(plan: _Plan) -> ClientLaunch:
+    """How ``geofl simulate`` runs the app's clients (pooled workers unless configured)."""
+    simulation = plan.settings.simulation
+    return ClientLaunch(
+        app=plan.app.clientapp,
+        clients=plan.clients,
+        node_config=dict(simulation.node_config),
+        threads=simulation.client_threads,
+        workers=simulation.workers,
+        pooled=simulation.pooled,
+        env=_client_env(plan.app),
+    )
 
 
 def _client_env(app: FlowerApp) -> dict[str, str]:
@@ -121,9 +130,9 @@ async def _serve(plan: _Plan, simulate: bool) -> tuple[RunResult, list[tuple[str
             f"(id {coordinator.run_id}) listening on port {port}"
         )
         if simulate:
-            env = _client_env(plan.app)
-            for i in range(plan.clients):
-                clients.start(f"client {i}", client_command(plan, port, i), env)
+            start_clients(
+                clients, client_launch(plan), [ClientTarget(i, port) for i in range(plan.clients)]
+            )
             watcher = asyncio.create_task(_watch(coordinator, clients))
         result = await coordinator.run()
         if watcher is not None:

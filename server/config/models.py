@@ -361,10 +361,11 @@ class SimulationConfig(Section):
     )
     clock: Literal["wall", "virtual"] = Field(
         default="wall",
-        description="Time base. 'wall': real time, each client a process on real gRPC (the "
-        "regions' links emulated by geofl's shaper). 'virtual': clients multiplexed in "
-        "workers, the server on a simulated clock; transfer and compute times come from "
-        "the link model and each client's speed, and the run goes as fast as the CPU allows.",
+        description="Time base. 'wall': real time, clients in real processes on real gRPC "
+        "(simulation.pooled; the regions' links emulated by geofl's shaper). 'virtual': "
+        "clients multiplexed in workers, the server on a simulated clock; transfer and "
+        "compute times come from the link model and each client's speed, and the run goes "
+        "as fast as the CPU allows.",
     )
     backend: Literal["process", "ray"] = Field(
         default="process",
@@ -374,8 +375,23 @@ class SimulationConfig(Section):
     workers: int | None = Field(
         default=None,
         ge=0,
-        description="Worker processes (or Ray actors) for clock: virtual; each multiplexes "
-        "many clients. 0 runs clients in the server process; null = one per CPU core.",
+        description="Worker processes (or Ray actors), each multiplexing many clients; null = "
+        "one per CPU core (at most one per client). clock: virtual: 0 runs the clients in "
+        "the server process. clock: wall with pooled: long-lived client processes (0 = 1).",
+    )
+    pooled: bool = Field(
+        default=True,
+        description="clock: wall: run the clients in simulation.workers long-lived processes, "
+        "each holding many clients (every client keeps its own gRPC connection, context "
+        "state and error feedback); false = one geofl client process per client, as a "
+        "deployment runs them.",
+    )
+    client_threads: int = Field(
+        default=1,
+        ge=0,
+        description="clock: wall: math-library threads (torch, OpenMP, MKL, OpenBLAS) per "
+        "client process, set before they initialise; 0 = the libraries' defaults (one per "
+        "core in every process, which oversubscribes a machine running many).",
     )
     labels: ImportPath | None = Field(
         default=None,

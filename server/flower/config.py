@@ -79,6 +79,23 @@ class FlowerSimulationConfig(Section):
         default_factory=dict,
         description="Node config of every client, besides partition-id and num-partitions.",
     )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Long-lived client processes, each holding many clients (pooled); null = "
+        "one per CPU core (at most one per client).",
+    )
+    pooled: bool = Field(
+        default=True,
+        description="Run the clients in simulation.workers processes (each client keeps its "
+        "own connection and context.state); false = one geofl client process per client.",
+    )
+    client_threads: int = Field(
+        default=1,
+        ge=0,
+        description="Math-library threads (torch, OpenMP, MKL, OpenBLAS) per client process, "
+        "set before they initialise; 0 = the libraries' defaults.",
+    )
 
     @field_validator("node_config")
     @classmethod

@@ -7,12 +7,18 @@ so a simulation runs exactly the code a deployment runs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from geofl.protocols.types import Scalar
 from geofl.server.config import RunConfig
 
-__all__ = ["client_command", "relay_command", "simulated_client_command"]
+__all__ = [
+    "client_command",
+    "node_config_pairs",
+    "pool_command",
+    "relay_command",
+    "simulated_client_command",
+]
 
 #: How long a simulated client or relay keeps reconnecting before it gives up.
 _RECONNECT_FOR_S = "60"
@@ -44,7 +50,6 @@ def simulated_client_command(
 ) -> list[str]:
     """``geofl client`` for partition ``index`` of ``clients``, running ``app``."""
     node_config = {**node_config, "partition-id": index, "num-partitions": clients}
-    pairs = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
     return [
         sys.executable,
         "-m",
@@ -59,7 +64,42 @@ def simulated_client_command(
         _RECONNECT_FOR_S,
         *(["--region", region] if region else []),
         "--node-config",
-        *pairs,
+        *node_config_pairs(node_config),
+    ]
+
+
+def node_config_pairs(node_config: Mapping[str, object]) -> list[str]:
+    """``KEY=VALUE`` arguments of ``--node-config`` (booleans as ``true``/``false``)."""
+    return [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in node_config.items()]
+
+
+def pool_command(
+    app: str,
+    members: Sequence[tuple[int, int, str | None]],
+    clients: int,
+    node_config: Mapping[str, object],
+) -> list[str]:
+    """``python -m geofl.client.pool``: simulated clients ``members`` in one worker process.
+
+    ``members`` are (index, port, region) of each client the worker runs, of ``clients``.
+    """
+    return [
+        sys.executable,
+        "-m",
+        "geofl.client.pool",
+        "--app",
+        app,
+        "--num-partitions",
+        str(clients),
+        "--reconnect-for",
+        _RECONNECT_FOR_S,
+        *(
+            arg
+            for index, port, region in members
+            for arg in ("--client", f"{index},127.0.0.1:{port}" + (f",{region}" if region else ""))
+        ),
+        "--node-config",
+        *node_config_pairs(node_config),
     ]
 
 

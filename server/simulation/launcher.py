@@ -3,7 +3,8 @@
 ``geofl simulate`` on the wall clock runs the coordinator a deployment runs, listening on
 a loopback port, and around it real processes: optionally the user-space link shaper (one
 shaped link per client, as the WAN model draws it), one ``geofl relay`` per region with
-``simulation.relays``, and ``simulation.clients`` ``geofl client`` processes. Relays start
+``simulation.relays``, and the ``simulation.clients`` clients, in a few worker processes
+or one process each (:mod:`~geofl.server.simulation.client_processes`). Relays start
 before the clients that connect to them. :func:`wall_clock_simulation` starts them all
 once the coordinator listens and stops them, and the shaper, however the run ends.
 """
@@ -19,7 +20,8 @@ from pathlib import Path
 
 from geofl.protocols.types import Scalar
 from geofl.server.config import RunConfig
-from geofl.server.simulation.commands import client_command, relay_command
+from geofl.server.simulation.client_processes import ClientLaunch, ClientTarget, start_clients
+from geofl.server.simulation.commands import relay_command
 from geofl.server.simulation.links import LinkModel
 from geofl.server.simulation.partition import PartitionPlan, prepare_partitions
 from geofl.server.simulation.processes import ProcessGroup, free_port
@@ -84,6 +86,7 @@ def start_processes(
     With a ``shaper``, each client connects to its own shaped link instead of the server.
     """
     regions = client_regions(config)
+    simulation = config.simulation
     ports: dict[str | None, int] = {}
     if config.simulation.relays:
         for name in config.simulation.regions:
@@ -92,9 +95,21 @@ def start_processes(
                 f"relay {name}",
                 relay_command(config, port, name, ports[name], regions.count(name)),
             )
-    for index, region in enumerate(regions):
-        target = shaper.port_of(link_name(index)) if shaper else ports.get(region, port)
-        group.start(f"client {index}", client_command(config, target, index, region, extra))
+    targets = [
+        ClientTarget(
+            index, shaper.port_of(link_name(index)) if shaper else ports.get(region, port), region
+        )
+        for index, region in enumerate(regions)
+    ]
+    launch = ClientLaunch(
+        app=str(simulation.app),
+        clients=simulation.clients,
+        node_config={**simulation.node_config, **(extra or {})},
+        threads=simulation.client_threads,
+        workers=simulation.workers,
+        pooled=simulation.pooled,
+    )
+    start_clients(group, launch, targets)
 
 
 @dataclass(frozen=True)

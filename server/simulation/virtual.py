@@ -12,7 +12,6 @@ timestamp and duration in it is simulated.
 from __future__ import annotations
 
 import asyncio
-import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.nodes.clock import LoopClock
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.simulation.backends import make_backend
+from geofl.server.simulation.client_processes import cpu_cores
 from geofl.server.simulation.fleet import FleetStats, VirtualFleet, links_for
 from geofl.server.simulation.links import ClientLink, LinkModel
 from geofl.server.simulation.partition import prepare_partitions
@@ -64,7 +64,7 @@ def default_workers(config: RunConfig) -> int:
     """``simulation.workers``, or one per CPU core (at most one per client)."""
     chosen = config.simulation.workers
     if chosen is None:
-        chosen = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        chosen = cpu_cores()
     return min(chosen, config.simulation.clients)
 
 

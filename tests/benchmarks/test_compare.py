@@ -34,6 +34,7 @@ from benchmarks.metrics import rounds_from_events  # noqa: E402
 from benchmarks.procmon import ProcSample, classify_cmdline, peak_rss_of_kinds  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     DIGITS_MLP_PARAMS,
+    FASHION_CNN_PARAMS,
     WORKLOADS,
     NamedWorkload,
     get_workload,
@@ -45,7 +46,7 @@ from geofl.client.app import ClientContext  # noqa: E402
 
 
 def test_registry_has_the_issue_workloads() -> None:
-    assert {"echo-1m", "echo-10m", "mlp-digits"} <= set(WORKLOADS)
+    assert {"echo-1m", "echo-10m", "mlp-digits", "cnn-fashion"} <= set(WORKLOADS)
     assert (WORKLOADS["echo-1m"].task, WORKLOADS["echo-1m"].params) == ("echo", 1_000_000)
     assert WORKLOADS["echo-10m"].params == 10_000_000
     assert WORKLOADS["mlp-digits"].task == "mlp-digits"
@@ -70,7 +71,7 @@ def test_registry_rejects_bad_and_duplicate_workloads() -> None:
         NamedWorkload("x", "resnet", 1, 1)
     with pytest.raises(ValueError, match="needs >= 2 rounds"):
         NamedWorkload("x", "echo", 1, 1, rounds=1)
-    with pytest.raises(ValueError, match="known: echo-10m, echo-1m"):
+    with pytest.raises(ValueError, match="known: cnn-fashion, echo-10m, echo-1m"):
         get_workload("nope")
     with pytest.raises(ValueError, match="unknown task"):
         Workload(1, 1, 2, task="nope")
@@ -287,3 +288,38 @@ def test_tiny_geofl_simulation_end_to_end() -> None:
     assert set(GeoflSimulationSystem.memory_roles) == {"server", "client"}
     report = build_report(named, cases, {"repeats": 1, "rounds": 2})
     assert "| simulation | geofl | 1/1 |" in render_markdown(report)
+
+
+# ---------------------------------------------------------------- issue 18: wall-clock simulation
+
+
+def test_fashion_cnn_workload_is_registered_with_the_models_size() -> None:
+    fashion_cnn = pytest.importorskip("benchmarks.apps.fashion_cnn")
+    named = get_workload("cnn-fashion")
+    assert (named.task, named.clients) == ("cnn-fashion", 10)
+    assert fashion_cnn.num_params() == FASHION_CNN_PARAMS == named.params
+
+
+def test_fashion_cnn_partitions_cover_the_subset_once() -> None:
+    fashion_cnn = pytest.importorskip("benchmarks.apps.fashion_cnn")
+    parts = [fashion_cnn.partition_indices(i, 10) for i in range(10)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(fashion_cnn.TRAIN_IMAGES))
+    with pytest.raises(ValueError, match="outside"):
+        fashion_cnn.partition_indices(10, 10)
+
+
+def test_geofl_sim_settings_reach_the_simulation_section(tmp_path: Path) -> None:
+    from benchmarks.core import RunContext
+    from benchmarks.procmon import ProcessMonitor
+    from geofl.server.config.loader import load_config
+
+    settings = compare.parse_settings(["pooled=false", "client_threads=0", "workers=3"])
+    assert settings == {"pooled": False, "client_threads": 0, "workers": 3}
+    system = compare.make_system("simulation", "geofl", settings)
+    ctx = RunContext(tmp_path, 4321, 4322, ProcessMonitor())
+    config = load_config(system.write_config(Workload(10, 4, 2, 60.0), ctx, tmp_path / "g.db"))
+    assert (config.simulation.pooled, config.simulation.client_threads) == (False, 0)
+    assert (config.simulation.workers, config.simulation.clients) == (3, 4)
+    assert compare.make_system("simulation", "flower", settings).name == "flower"
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        compare.parse_settings(["pooled"])

@@ -7,14 +7,18 @@
   of ``num-partitions`` (the code the geofl client runs too; the harness puts the
   repository root on ``PYTHONPATH``). Imported only for this task, so ``echo`` never pays
   for importing torch.
+* ``cnn-fashion``: the same with ``benchmarks.apps.fashion_cnn``'s CNN on Fashion-MNIST.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-__all__ = ["app", "echo", "mlp_digits"]
+__all__ = ["app", "echo", "mlp_digits", "trained"]
 
 app = ClientApp()
 
@@ -34,7 +38,17 @@ def mlp_digits(
     """Local training of the shared digits MLP, weighted by the partition's size."""
     from benchmarks.apps import digits_mlp
 
-    weights, examples, loss = digits_mlp.train(
+    return trained(digits_mlp.train, received, context, server_round)
+
+
+def trained(
+    train_fn: Callable[..., tuple[dict[str, Any], int, float]],
+    received: ArrayRecord,
+    context: Context,
+    server_round: int,
+) -> tuple[ArrayRecord, MetricRecord]:
+    """``train_fn`` (a shared task's ``train``) on this node's partition, as a reply."""
+    weights, examples, loss = train_fn(
         {name: arr.numpy() for name, arr in received.items()},
         int(context.node_config["partition-id"]),
         int(context.node_config["num-partitions"]),
@@ -54,7 +68,14 @@ def train(msg: Message, context: Context) -> Message:
     elif task == "mlp-digits":
         server_round = int(str(msg.content.config_records["config"]["server-round"]))
         arrays, metrics = mlp_digits(received, context, server_round)
+    elif task == "cnn-fashion":
+        from benchmarks.apps import fashion_cnn
+
+        server_round = int(str(msg.content.config_records["config"]["server-round"]))
+        arrays, metrics = trained(fashion_cnn.train, received, context, server_round)
     else:
-        raise ValueError(f"unknown task {task!r} in the run config; expected echo or mlp-digits")
+        raise ValueError(
+            f"unknown task {task!r} in the run config; expected echo, mlp-digits or cnn-fashion"
+        )
     reply = RecordDict({"arrays": arrays, "metrics": metrics})
     return Message(content=reply, reply_to=msg)

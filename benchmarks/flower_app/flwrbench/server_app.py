@@ -10,7 +10,8 @@ aggregated (``bytes_up``): Flower's own payload, the only byte count a simulatio
 
 The ``task`` run-config value picks the model: ``echo`` (one seeded tensor ``w`` of
 ``num-params`` values; the end event carries the final model's mean shift) or
-``mlp-digits`` (the shared digits MLP; the end event carries its test accuracy).
+``mlp-digits`` / ``cnn-fashion`` (the shared digits MLP, Fashion-MNIST CNN; the end event
+carries its test accuracy).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
+from types import ModuleType
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord
@@ -106,16 +108,17 @@ def _run_echo(strategy: TimedFedAvg, grid: Grid, cfg: Mapping[str, object]) -> N
     strategy.log_event("end", final_shift=float(shift.mean()))
 
 
-def _run_mlp_digits(strategy: TimedFedAvg, grid: Grid, cfg: Mapping[str, object]) -> None:
-    """Digits MLP task; the final global model's test accuracy goes into the end event."""
-    from benchmarks.apps import digits_mlp
-
-    initial = ArrayRecord({k: Array(v) for k, v in digits_mlp.initial_weights().items()})
+def _run_training(
+    strategy: TimedFedAvg, grid: Grid, cfg: Mapping[str, object], task: ModuleType
+) -> None:
+    """A shared training task (``digits_mlp``, ``fashion_cnn``); the final global model's
+    test accuracy goes into the end event."""
+    initial = ArrayRecord({k: Array(v) for k, v in task.initial_weights().items()})
     result = strategy.start(
         grid=grid, initial_arrays=initial, num_rounds=int(str(cfg["num-rounds"]))
     )
     final = {name: arr.numpy() for name, arr in result.arrays.items()}
-    strategy.log_event("end", accuracy=digits_mlp.accuracy(final))
+    strategy.log_event("end", accuracy=task.accuracy(final))
 
 
 @app.main()
@@ -128,6 +131,14 @@ def main(grid: Grid, context: Context) -> None:
     if task == "echo":
         _run_echo(strategy, grid, cfg)
     elif task == "mlp-digits":
-        _run_mlp_digits(strategy, grid, cfg)
+        from benchmarks.apps import digits_mlp
+
+        _run_training(strategy, grid, cfg, digits_mlp)
+    elif task == "cnn-fashion":
+        from benchmarks.apps import fashion_cnn
+
+        _run_training(strategy, grid, cfg, fashion_cnn)
     else:
-        raise ValueError(f"unknown task {task!r} in the run config; expected echo or mlp-digits")
+        raise ValueError(
+            f"unknown task {task!r} in the run config; expected echo, mlp-digits or cnn-fashion"
+        )
