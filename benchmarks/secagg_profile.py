@@ -1,7 +1,7 @@
 """Where geofl's SecAgg+ round spends its CPU: one round replayed in one process.
 
 The real classes (:class:`~geofl.client.secagg.SecAggClient`,
-:class:`~geofl.server.rounds.secagg.SecAggServer`, the client's ``flatten``/``weighted_vector``,
+:class:`~geofl.server.rounds.secagg.SecAggServer`, the client's ``weighted_flat``,
 ``mean_of_sum`` and the strategy's accumulator) run one round of ``n`` clients over a
 ``d``-parameter float32 delta, with no transport, and every step is timed. The client's
 ``mask()`` and the server's ``finish()`` are also split into their primitives (quantize,
@@ -33,7 +33,7 @@ import numpy.typing as npt
 from benchmarks.secagg import SecAggCase
 from benchmarks.secagg_geofl import VARIANTS, effective_params, secure_section
 from geofl.client.secagg import SecAggClient
-from geofl.client.secure_rounds import flatten, weighted_vector
+from geofl.client.secure_rounds import flatten, weighted_flat, weighted_vector
 from geofl.protocols.secagg import (
     MASK_PURPOSE,
     SecAggParams,
@@ -121,12 +121,10 @@ def profile_round(n: int, d: int, variant: str, dropped: int = 0) -> dict[str, A
         if u in gone:
             continue
         delta = _delta(d, 0.001 * u)
-        with t.step("client flatten(delta)"):
-            flat = flatten(delta)
-        with t.step("client weighted_vector()"):
-            vector = weighted_vector(flat, 1.0)
+        with t.step("client weighted_flat(delta)"):
+            vector = weighted_flat(delta, 1.0)
         with t.step("client mask() total"):
-            masked = client.mask(vector)
+            masked = client.mask(vector, overwrite=True)
         with t.step("server add_masked()"):
             server.add_masked(u, masked)
     with t.step("server close_masking()"):

@@ -89,5 +89,4 @@ class BackgroundUpload:
             if isinstance(item, pb.UploadHeader):
                 yield pb.UploadMessage(trailer=item).SerializeToString()
                 return
-            for chunk in streams.iter_chunks(item, self._chunk_bytes):
-                yield pb.UploadMessage(chunk=chunk).SerializeToString()
+            yield from streams.encode_upload_chunks(item, self._chunk_bytes)

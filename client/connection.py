@@ -252,7 +252,7 @@ class Connection:
             request.base_version, request.has_base = base[0], True
         try:
             for raw in self._download(request, metadata=self._metadata(), timeout=timeout):
-                assembler.feed(serde.decode_chunk(raw))
+                assembler.feed(*serde.decode_chunk_view(raw))
                 received += len(raw)
         except grpc.RpcError as exc:
             raise translate(exc) from exc

@@ -38,6 +38,7 @@ from geofl.protocols.secagg import (
     apply_pairwise_masks,
     apply_self_mask,
     generate_private_key,
+    mask_buffer,
     open_sealed,
     pack_shares,
     private_bytes,
@@ -156,15 +157,19 @@ class SecAggClient:
         self._partners = frozenset(inbox)
         self._require_holders(len(inbox) + 1, SecAggStage.SHARE, "sharing")
 
-    def mask(self, vector: npt.NDArray[np.floating[Any]]) -> RingArray:
-        """``vector`` quantized into the ring, with the self mask and pairwise masks added."""
+    def mask(self, vector: npt.NDArray[np.floating[Any]], *, overwrite: bool = False) -> RingArray:
+        """``vector`` quantized into the ring, with the self mask and pairwise masks added.
+
+        ``overwrite``: the caller gives ``vector`` up, so quantization works in place.
+        """
         self._enter("mask")
         if not isinstance(vector, np.ndarray) or vector.ndim != 1:
             raise SecAggError(f"node {self.node_id}: mask() needs a 1-D NumPy float vector")
-        masked = self.params.quantizer().encode(vector, self._rng)
+        masked = self.params.quantizer().encode(vector, self._rng, overwrite=overwrite)
         bits = self.params.ring_bits
-        apply_self_mask(masked, self._seed, bits)
-        apply_pairwise_masks(masked, self.node_id, self._pair_keys(), bits)
+        scratch = mask_buffer(masked.size, bits)  # every mask is expanded into this
+        apply_self_mask(masked, self._seed, bits, buffer=scratch)
+        apply_pairwise_masks(masked, self.node_id, self._pair_keys(), bits, buffer=scratch)
         return masked
 
     def _pair_keys(self) -> dict[int, bytes]:

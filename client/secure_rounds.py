@@ -46,6 +46,25 @@ def weighted_vector(update: npt.NDArray[np.float64], weight: float) -> npt.NDArr
     return vector
 
 
+def weighted_flat(delta: Mapping[str, Difference], weight: float) -> npt.NDArray[np.float64]:
+    """``weighted_vector(flatten(delta), weight)`` in one float64 buffer, no temporaries.
+
+    Each difference is computed in its own dtype straight into the buffer, then scaled
+    in place: the same values as the two steps, without two more model-sized arrays.
+    """
+    size = sum(int(np.prod(d.shape, dtype=np.int64)) for d in delta.values())
+    vector = np.empty(size + 1, dtype=np.float64)
+    offset = 0
+    for difference in delta.values():
+        new, base = difference.new.reshape(-1), difference.base.reshape(-1)
+        part = vector[offset : offset + base.size]
+        np.subtract(new, base, out=part, dtype=difference.dtype, casting="unsafe")
+        offset += base.size
+    np.multiply(vector[:-1], weight, out=vector[:-1])
+    vector[-1] = weight
+    return vector
+
+
 def flatten(delta: Mapping[str, Difference]) -> npt.NDArray[np.float64]:
     """The delta's tensors in model order as one float64 vector."""
     size = sum(int(np.prod(d.shape, dtype=np.int64)) for d in delta.values())
@@ -91,8 +110,9 @@ class SecureRounds:
         setup = task.secagg.setup
         weight = min(num_examples, setup.max_examples) / setup.max_examples
         projection = projection_of(setup)
-        update = flatten(delta) if projection is None else self._project(projection, delta)
-        return client.mask(weighted_vector(update, weight))
+        if projection is None:
+            return client.mask(weighted_flat(delta, weight), overwrite=True)
+        return client.mask(weighted_vector(self._project(projection, delta), weight))
 
     def _project(
         self, projection: SharedLowRank, delta: Mapping[str, Difference]

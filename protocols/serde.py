@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 from google.protobuf.message import DecodeError
+from zlib_ng import zlib_ng
 
 from geofl.protocols.codecs import Chain, CodecStep, check_chain
 from geofl.protocols.compression import UploadPlan
@@ -112,6 +113,158 @@ def decode_upload(raw: bytes) -> pb.UploadMessage:
         raise ProtocolError(f"malformed UploadMessage ({len(raw)} bytes): {exc}") from None
 
 
+# ----------------------------------------------------------------- chunks without copies
+#
+# A chunk's ``data`` is almost all of its bytes. Letting protobuf build and parse it costs
+# several full copies per chunk (the field, the enclosing UploadMessage, the serialized
+# string; on receipt the parsed field and a new ``bytes``), so the bulk paths write and
+# read that one field themselves. The rest of the chunk still goes through protobuf, and
+# the bytes written are exactly what ``SerializeToString`` gives (tested).
+
+#: Wire tags: TensorChunk.data (6, length-delimited), TensorChunk.crc32 (7, fixed32),
+#: UploadMessage.chunk (2, length-delimited).
+_DATA_TAG = b"\x32"
+_CRC_TAG = b"\x3d"
+_UPLOAD_CHUNK_TAG = 0x12
+_DATA_FIELD = 6
+_VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
+
+
+def crc32(data: bytes | memoryview) -> int:
+    """The CRC-32 of a chunk's data (zlib's checksum, computed by zlib-ng's SIMD code)."""
+    return int(zlib_ng.crc32(data))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_chunk(
+    head: pb.TensorChunk,
+    data: bytes | memoryview,
+    crc: int,
+    tail: pb.TensorChunk,
+    *,
+    upload: bool = False,
+) -> bytes:
+    """A serialized :class:`pb.TensorChunk` (``upload``: wrapped in a :class:`pb.UploadMessage`).
+
+    ``head`` holds the chunk's fields numbered below ``data`` (name, dtype, shape,
+    total_bytes, offset) and ``tail`` those above ``crc32`` (first, last, encoding,
+    add_to_base), so the result is byte for byte protobuf's serialization of the whole
+    chunk. ``data`` is copied once, into the result: the caller may reuse its buffer.
+    """
+    parts: list[bytes | memoryview] = [head.SerializeToString()]
+    size = memoryview(data).nbytes
+    if size:
+        parts += [_DATA_TAG, _varint(size), data]
+    if crc:
+        parts += [_CRC_TAG, crc.to_bytes(4, "little")]
+    parts.append(tail.SerializeToString())
+    if upload:
+        inner = sum(memoryview(p).nbytes for p in parts)
+        parts[:0] = [bytes([_UPLOAD_CHUNK_TAG]), _varint(inner)]
+    return b"".join(parts)
+
+
+def _read_varint(raw: memoryview, pos: int, end: int) -> tuple[int, int] | None:
+    value = shift = 0
+    while pos < end and shift < 64:
+        byte = raw[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+        shift += 7
+    return None
+
+
+def _data_span(raw: memoryview, pos: int, end: int) -> tuple[int, int, int] | None:
+    """Where the one ``data`` field of the chunk in ``raw[pos:end]`` is: (field start,
+    value start, value end); ``(end, end, end)`` when it has none.
+
+    None for anything but a plain, well-formed chunk (a repeated ``data`` field, a group,
+    a field running past the end): the caller then lets protobuf parse it all, so odd
+    input gets protobuf's own verdict.
+    """
+    span: tuple[int, int, int] | None = None
+    while pos < end:
+        start = pos
+        tag = _read_varint(raw, pos, end)
+        if tag is None:
+            return None
+        key, pos = tag
+        kind = key & 7
+        if kind == _VARINT:
+            skipped = _read_varint(raw, pos, end)
+            if skipped is None:
+                return None
+            pos = skipped[1]
+        elif kind in (_FIXED64, _FIXED32):
+            pos += 8 if kind == _FIXED64 else 4
+        elif kind == _LENGTH:
+            length = _read_varint(raw, pos, end)
+            if length is None:
+                return None
+            value_start, pos = length[1], length[1] + length[0]
+            if key >> 3 == _DATA_FIELD:
+                if span is not None:
+                    return None
+                span = (start, value_start, pos)
+        else:
+            return None
+        if pos > end:
+            return None
+    return span if span is not None else (end, end, end)
+
+
+def _split_chunk(raw: bytes, pos: int) -> tuple[pb.TensorChunk, memoryview] | None:
+    """The chunk serialized in ``raw[pos:]`` without its data, and a view of the data."""
+    view = memoryview(raw)
+    span = _data_span(view, pos, len(raw))
+    if span is None:
+        return None
+    field, start, stop = span
+    try:
+        meta = pb.TensorChunk.FromString(raw[pos:field] + raw[stop:])
+    except DecodeError:
+        return None
+    return meta, view[start:stop]
+
+
+def decode_chunk_view(raw: bytes) -> tuple[pb.TensorChunk, bytes | memoryview]:
+    """:func:`decode_chunk`, with the data as a view of ``raw`` instead of a copy.
+
+    The returned chunk's own ``data`` field is empty; the second value is the data.
+    """
+    split = _split_chunk(raw, 0)
+    if split is not None:
+        return split
+    chunk = decode_chunk(raw)
+    return chunk, chunk.data
+
+
+def decode_upload_view(raw: bytes) -> tuple[pb.UploadMessage, bytes | memoryview]:
+    """:func:`decode_upload`; for a chunk, its data as a view of ``raw`` (see
+    :func:`decode_chunk_view`). The second value is empty for a header or trailer.
+    """
+    view = memoryview(raw)
+    if raw[:1] == bytes([_UPLOAD_CHUNK_TAG]):
+        length = _read_varint(view, 1, len(raw))
+        if length is not None and length[1] + length[0] == len(raw):
+            split = _split_chunk(raw, length[1])
+            if split is not None:
+                return pb.UploadMessage(chunk=split[0]), split[1]
+    message = decode_upload(raw)
+    data = message.chunk.data if message.WhichOneof("body") == "chunk" else b""
+    return message, data
+
+
 # ----------------------------------------------------------------- codec chains
 
 
@@ -157,10 +310,14 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "chain_from_proto",
     "chain_to_proto",
+    "crc32",
     "decode_chunk",
+    "decode_chunk_view",
     "decode_upload",
+    "decode_upload_view",
     "dtype_from_proto",
     "dtype_to_proto",
+    "encode_chunk",
     "fill_scalar_map",
     "plan_from_proto",
     "plan_to_proto",

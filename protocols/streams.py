@@ -9,7 +9,6 @@ reaches a sink.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -48,62 +47,93 @@ def _wire_bytes(item: npt.NDArray[np.generic] | EncodedTensor) -> memoryview:
     return memoryview(flat)
 
 
-def _pieces(item: Tensorish, chunk_bytes: int) -> Iterator[bytes]:
-    """The bytes of one tensor, ``chunk_bytes`` at a time (at least one piece)."""
+def _pieces(item: Tensorish, chunk_bytes: int) -> Iterator[memoryview]:
+    """The bytes of one tensor, ``chunk_bytes`` at a time (at least one piece).
+
+    Each piece is a view, valid only until the next one is asked for: a difference is
+    computed into one reused buffer, and raw bytes are views of the tensor. Consumers
+    copy a piece (into a message) before they advance.
+    """
     if isinstance(item, Difference):
         new, base = _little_endian(item.new), _little_endian(item.base)
         step = max(1, chunk_bytes // base.dtype.itemsize)
+        scratch = np.empty(min(step, base.size), dtype=base.dtype)
         for start in range(0, max(base.size, 1), step):
-            part = slice(start, start + step)
-            yield np.subtract(new[part], base[part], dtype=base.dtype).tobytes()
+            out = scratch[: min(step, base.size - start)]
+            part = slice(start, start + out.size)
+            np.subtract(new[part], base[part], out=out, dtype=base.dtype)
+            flat: Any = out.view(np.uint8)
+            yield memoryview(flat)
         return
     data = _wire_bytes(item)
     for start in range(0, max(len(data), 1), chunk_bytes):
-        yield bytes(data[start : start + chunk_bytes])
+        yield data[start : start + chunk_bytes]
 
 
-def _describe(chunk: pb.TensorChunk, name: str, item: Tensorish, total: int) -> None:
-    chunk.first = True
-    chunk.name = name
-    chunk.total_bytes = total
+def _describe(
+    head: pb.TensorChunk, tail: pb.TensorChunk, name: str, item: Tensorish, total: int
+) -> None:
+    """The first chunk's announcement: fields before ``data`` in ``head``, after in ``tail``."""
+    head.name = name
+    head.total_bytes = total
+    tail.first = True
     if isinstance(item, EncodedTensor):
-        chunk.dtype = pb.DTYPE_UINT8
-        chunk.shape.append(total)
-        chunk.encoding.steps.extend(serde.chain_to_proto(item.chain))
-        chunk.encoding.dtype = serde.dtype_to_proto(item.dtype)
-        chunk.encoding.shape.extend(item.shape)
-        chunk.add_to_base = item.add_to_base
+        head.dtype = pb.DTYPE_UINT8
+        head.shape.append(total)
+        tail.encoding.steps.extend(serde.chain_to_proto(item.chain))
+        tail.encoding.dtype = serde.dtype_to_proto(item.dtype)
+        tail.encoding.shape.extend(item.shape)
+        tail.add_to_base = item.add_to_base
     else:
-        chunk.dtype = serde.dtype_to_proto(np.dtype(item.dtype).name)
-        chunk.shape.extend(int(d) for d in item.shape)
+        head.dtype = serde.dtype_to_proto(np.dtype(item.dtype).name)
+        head.shape.extend(int(d) for d in item.shape)
 
 
-def iter_chunks(
-    tensors: Mapping[str, Tensorish], chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
-) -> Iterator[pb.TensorChunk]:
-    """Yield the chunks of every tensor in order; one chunk's copy in memory at a time."""
+def _framed(
+    tensors: Mapping[str, Tensorish], chunk_bytes: int
+) -> Iterator[tuple[pb.TensorChunk, memoryview, int, pb.TensorChunk]]:
+    """Per chunk: its fields before ``data``, the data (a view, see :func:`_pieces`), its
+    CRC-32 and its fields after ``crc32``."""
     if chunk_bytes <= 0 or chunk_bytes % 8:
         raise ValueError(f"chunk_bytes must be a positive multiple of 8, got {chunk_bytes}")
     for name, item in tensors.items():
         total = len(item.payload) if isinstance(item, EncodedTensor) else int(item.nbytes)
         offset = 0
         for piece in _pieces(item, chunk_bytes):
-            end = offset + len(piece)
-            chunk = pb.TensorChunk(
-                offset=offset, data=piece, crc32=zlib.crc32(piece), last=end >= total
-            )
+            end = offset + piece.nbytes
+            head, tail = pb.TensorChunk(offset=offset), pb.TensorChunk(last=end >= total)
             if offset == 0:
-                _describe(chunk, name, item, total)
-            yield chunk
+                _describe(head, tail, name, item, total)
+            yield head, piece, serde.crc32(piece), tail
             offset = end
+
+
+def iter_chunks(
+    tensors: Mapping[str, Tensorish], chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
+) -> Iterator[pb.TensorChunk]:
+    """Yield the chunks of every tensor in order; one chunk's copy in memory at a time."""
+    for head, piece, crc, tail in _framed(tensors, chunk_bytes):
+        head.MergeFrom(tail)
+        head.data, head.crc32 = bytes(piece), crc
+        yield head
 
 
 def encode_chunks(
     tensors: Mapping[str, Tensorish], chunk_bytes: int = serde.DEFAULT_CHUNK_BYTES
 ) -> Iterator[bytes]:
-    """Serialized :class:`pb.TensorChunk` messages (for pre-encoded sends)."""
-    for chunk in iter_chunks(tensors, chunk_bytes):
-        yield chunk.SerializeToString()
+    """Serialized :class:`pb.TensorChunk` messages (for pre-encoded sends).
+
+    The same bytes as serializing :func:`iter_chunks`' messages, with one copy of the
+    data per chunk instead of several.
+    """
+    for head, piece, crc, tail in _framed(tensors, chunk_bytes):
+        yield serde.encode_chunk(head, piece, crc, tail)
+
+
+def encode_upload_chunks(tensors: Mapping[str, Tensorish], chunk_bytes: int) -> Iterator[bytes]:
+    """Serialized :class:`pb.UploadMessage` s, one per chunk of ``tensors``."""
+    for head, piece, crc, tail in _framed(tensors, chunk_bytes):
+        yield serde.encode_chunk(head, piece, crc, tail, upload=True)
 
 
 def encode_upload(
@@ -111,8 +141,7 @@ def encode_upload(
 ) -> Iterator[bytes]:
     """Serialized :class:`pb.UploadMessage` stream: the header, then the tensors' chunks."""
     yield pb.UploadMessage(header=header).SerializeToString()
-    for chunk in iter_chunks(tensors or {}, chunk_bytes):
-        yield pb.UploadMessage(chunk=chunk).SerializeToString()
+    yield from encode_upload_chunks(tensors or {}, chunk_bytes)
 
 
 # ----------------------------------------------------------------- receiving
@@ -143,8 +172,11 @@ class TensorSink(Protocol):
     def begin(self, incoming: Incoming) -> None:
         """A new tensor starts."""
 
-    def write(self, data: bytes) -> None:
-        """The next piece of the current tensor's bytes (its payload, if encoded)."""
+    def write(self, data: bytes | memoryview) -> None:
+        """The next piece of the current tensor's bytes (its payload, if encoded).
+
+        A view may be reused after the call returns: copy what is kept.
+        """
 
     def end(self) -> None:
         """The current tensor is complete and checked."""
@@ -176,7 +208,7 @@ class ArraySink:
         self._current = array.reshape(-1).view(np.uint8)
         self._filled = 0
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         """Copy a piece into place."""
         if self._current is None:
             raise ProtocolError("tensor data before the tensor's first chunk")
@@ -257,8 +289,13 @@ class Assembler:
         """Bytes on the wire of the tensors announced so far."""
         return self._check.payload_bytes
 
-    def feed(self, chunk: pb.TensorChunk) -> None:
-        """Take the next chunk; raise a :class:`ProtocolError` subclass on any fault."""
+    def feed(self, chunk: pb.TensorChunk, data: bytes | memoryview | None = None) -> None:
+        """Take the next chunk; raise a :class:`ProtocolError` subclass on any fault.
+
+        ``data``, when given, is the chunk's data held apart from the message (a view of
+        the received bytes, :func:`~geofl.protocols.serde.decode_chunk_view`); the sink
+        must copy what it keeps before the next chunk.
+        """
         if chunk.first:
             self._begin(chunk)
         incoming = self._incoming
@@ -269,8 +306,9 @@ class Assembler:
             raise ProtocolError(
                 f"tensor {wire.name!r}: chunk at offset {chunk.offset}, expected {self._offset}"
             )
-        data = chunk.data
-        if zlib.crc32(data) != chunk.crc32:
+        if data is None:
+            data = chunk.data
+        if serde.crc32(data) != chunk.crc32:
             raise ChecksumError(f"tensor {wire.name!r}: checksum mismatch at offset {chunk.offset}")
         end = self._offset + len(data)
         itemsize = np.dtype(wire.dtype).itemsize
@@ -310,5 +348,6 @@ __all__ = [
     "TensorSink",
     "encode_chunks",
     "encode_upload",
+    "encode_upload_chunks",
     "iter_chunks",
 ]

@@ -26,7 +26,12 @@ from geofl.protocols.secagg.keys import (
     public_bytes,
 )
 from geofl.protocols.secagg.params import SecAggParams
-from geofl.protocols.secagg.prg import apply_pairwise_masks, apply_self_mask, expand
+from geofl.protocols.secagg.prg import (
+    apply_pairwise_masks,
+    apply_self_mask,
+    expand,
+    mask_buffer,
+)
 from geofl.protocols.secagg.ring import (
     RingArray,
     RingQuantizer,
@@ -64,6 +69,7 @@ __all__ = [
     "generate_private_key",
     "graph_degree",
     "load_private_key",
+    "mask_buffer",
     "neighbours",
     "open_sealed",
     "pack_shares",

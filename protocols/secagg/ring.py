@@ -62,6 +62,19 @@ def check_ring_vector(vector: object, ring_bits: int, what: str) -> RingArray:
     return vector
 
 
+#: Uniform draws are made this many at a time (the same stream as one call for all).
+_UNIFORM_BLOCK = 1 << 16
+
+
+def _add_uniform(flat: FloatArray, rng: np.random.Generator) -> None:
+    """``flat += rng.random(flat.size)``, through one small buffer instead of a full one."""
+    scratch = np.empty(min(_UNIFORM_BLOCK, flat.size), dtype=np.float64)
+    for start in range(0, flat.size, _UNIFORM_BLOCK):
+        block = scratch[: min(_UNIFORM_BLOCK, flat.size - start)]
+        rng.random(out=block)
+        flat[start : start + block.size] += block
+
+
 @dataclass(frozen=True)
 class RingQuantizer:
     """Stochastic fixed-point quantization of clipped floats into the ring.
@@ -111,19 +124,30 @@ class RingQuantizer:
         """Largest per-coordinate error of :meth:`decode_sum` over ``count`` clients."""
         return count * self.step
 
-    def encode(self, x: npt.NDArray[np.floating[Any]], rng: np.random.Generator) -> RingArray:
-        """Clip, scale and stochastically round ``x`` to ring levels (same shape)."""
+    def encode(
+        self,
+        x: npt.NDArray[np.floating[Any]],
+        rng: np.random.Generator,
+        *,
+        overwrite: bool = False,
+    ) -> RingArray:
+        """Clip, scale and stochastically round ``x`` to ring levels (same shape).
+
+        ``overwrite``: ``x`` is scratch the caller gives up (a C-contiguous float64
+        array is then worked on in place instead of copied first).
+        """
         if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
             raise SecAggError("quantization needs a floating-point NumPy array")
         if not np.isfinite(x).all():
             raise SecAggError("the vector holds NaN or Inf values; refusing to quantize it")
-        # In place on one float64 copy: this runs on every client for every parameter.
-        levels = np.array(x, dtype=np.float64)
+        # In place on one float64 array: this runs on every client for every parameter.
+        reusable = x.dtype == np.float64 and x.flags.c_contiguous and x.flags.writeable
+        levels = x if overwrite and reusable else np.array(x, dtype=np.float64)
         np.minimum(levels, self.clip, out=levels)
         np.maximum(levels, -self.clip, out=levels)
         levels += self.clip
         levels *= 1.0 / self.step
-        levels += rng.random(levels.shape)
+        _add_uniform(levels.reshape(-1), rng)
         np.floor(levels, out=levels)
         np.minimum(levels, self.levels - 1, out=levels)
         return levels.astype(self.dtype)

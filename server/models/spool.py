@@ -72,8 +72,8 @@ class SpoolSink:
         """Remember where the tensor (or its codec payload) starts."""
         self._layout[incoming.spec.name] = (incoming, self._size)
 
-    def write(self, data: bytes) -> None:
-        """Stage a piece of the current tensor."""
+    def write(self, data: bytes | memoryview) -> None:
+        """Stage a piece of the current tensor (copied: ``data`` may be a reused view)."""
         end = self._size + len(data)
         if end > self._total:
             raise ValueError(f"upload exceeds its announced {self._total} bytes")

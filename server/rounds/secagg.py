@@ -39,6 +39,7 @@ from geofl.protocols.secagg import (
     apply_self_mask,
     check_ring_vector,
     load_private_key,
+    mask_buffer,
     public_bytes,
     reconstruct,
     ring_reduce,
@@ -271,11 +272,13 @@ class SecAggServer:
         if total is None:  # unreachable: close_masking needs >= threshold uploads
             raise SecAggError("no masked vector was received")
         bits = self.params.ring_bits
+        scratch = mask_buffer(total.size, bits)  # every mask removed is expanded into this
         for owner, secret in secrets.items():
             if owner in self._survivors:
-                apply_self_mask(total, secret, bits, remove=True)
+                apply_self_mask(total, secret, bits, remove=True, buffer=scratch)
             else:
-                apply_pairwise_masks(total, owner, self._dropped_pair_keys(owner, secret), bits)
+                pair_keys = self._dropped_pair_keys(owner, secret)
+                apply_pairwise_masks(total, owner, pair_keys, bits, buffer=scratch)
         ring_reduce(total, bits)
         self._stage = None
         self._outcome = "finished"

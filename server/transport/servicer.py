@@ -590,10 +590,10 @@ async def _drain(assembler: streams.Assembler, messages: AsyncIterator[bytes]) -
     """Feed every chunk after the header to ``assembler``; the wire bytes received."""
     received = 0
     async for raw in messages:
-        message = serde.decode_upload(raw)
+        message, data = serde.decode_upload_view(raw)
         if message.WhichOneof("body") != "chunk":
             raise ProtocolError("only tensor chunks may follow the UploadHeader")
-        assembler.feed(message.chunk)
+        assembler.feed(message.chunk, data)
         received += len(raw)
     assembler.finish()
     return received
@@ -606,7 +606,7 @@ async def _drain_until_trailer(
     received = 0
     async for raw in messages:
         received += len(raw)
-        message = serde.decode_upload(raw)
+        message, data = serde.decode_upload_view(raw)
         body = message.WhichOneof("body")
         if body == "trailer":
             if await anext(messages, None) is not None:
@@ -616,7 +616,7 @@ async def _drain_until_trailer(
             return received, message.trailer
         if body != "chunk":
             raise ProtocolError("only tensor chunks and a trailer may follow the UploadHeader")
-        assembler.feed(message.chunk)
+        assembler.feed(message.chunk, data)
     raise TruncatedStreamError("the upload ended without the trailer its header announced")
 
 
