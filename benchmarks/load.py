@@ -1,9 +1,11 @@
 """Many connected nodes on one server while a real round runs (issue 14, load).
 
-A ``geofl server`` process serves the quickstart run (scikit-learn digits, FedAvg) with
+A ``geofl server`` process with node authentication (``server.auth``: an Ed25519 key per
+node; ``--no-auth`` to compare) serves the quickstart run (scikit-learn digits, FedAvg) with
 ``schedule.selection.node_config: {pool: real}``, so rounds are trained by three real
 ``geofl client`` processes while a *crowd* of lightweight asyncio nodes stays connected:
-each crowd node has its own gRPC channel (its own TCP connection), joins, sends a
+each crowd node has its own gRPC channel (its own TCP connection), signs the server's
+join challenge for that connection and joins, sends a
 heartbeat every ``server.heartbeat_interval_s`` and keeps a long poll for work open, as
 an idle client of a large federation does. The crowd runs in ``--crowd-processes``
 processes of this module (``--crowd-child``).
@@ -37,8 +39,10 @@ from typing import Any
 import grpc
 import psutil
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.core import REPO_ROOT, free_port, stop_tree, stop_trees, wait_for_port
+from geofl.protocols import identity
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.server.transport.servicer import SESSION_METADATA_KEY
@@ -50,8 +54,11 @@ HEARTBEAT_S = 5.0
 REAL_CLIENTS = 3
 
 
-def run_yaml(port: int, rounds: int, workdir: Path) -> dict[str, Any]:
+def run_yaml(port: int, rounds: int, workdir: Path, auth: bool) -> dict[str, Any]:
     """The quickstart run, trained by the ``pool: real`` nodes only."""
+    server: dict[str, Any] = {"address": f"127.0.0.1:{port}", "heartbeat_interval_s": HEARTBEAT_S}
+    if auth:
+        server["auth"] = {"nodes": str(workdir / "nodes")}
     return {
         "run": {"name": "load", "rounds": rounds, "seed": 7},
         "model": "examples.quickstart.task:make_model",
@@ -67,15 +74,43 @@ def run_yaml(port: int, rounds: int, workdir: Path) -> dict[str, Any]:
             "url": f"sqlite:///{workdir / 'load.db'}",
             "checkpoints": str(workdir / "ckpt"),
         },
-        "server": {"address": f"127.0.0.1:{port}", "heartbeat_interval_s": HEARTBEAT_S},
+        "server": server,
     }
+
+
+def write_keys(workdir: Path, names: Sequence[str]) -> None:
+    """An Ed25519 key per node: private keys under keys/, the authorized list under nodes/."""
+    (workdir / "keys").mkdir()
+    (workdir / "nodes").mkdir()
+    entries = []
+    for name in names:
+        key = identity.generate_key()
+        (workdir / "keys" / f"{name}.key").write_bytes(identity.private_pem(key))
+        entries.append({"name": name, "public_key": identity.public_pem(key.public_key())})
+    (workdir / "nodes" / "nodes.yaml").write_text(yaml.safe_dump({"nodes": entries}))
 
 
 # ------------------------------------------------------------------- the crowd
 
 
+async def _prove(stub: Any, request: pb.JoinRequest, key: Ed25519PrivateKey) -> None:
+    """Sign the server's challenge for this connection, as ``geofl client --node-key`` does."""
+    challenge = await stub.Challenge(pb.ChallengeRequest(), timeout=120)
+    message = identity.join_message(
+        challenge.run_id, challenge.run_name, challenge.nonce, challenge.channel, request.node_name
+    )
+    request.proof.public_key = identity.raw_public_key(key.public_key())
+    request.proof.nonce = challenge.nonce
+    request.proof.signature = key.sign(message)
+
+
 async def _crowd_node(
-    port: int, name: str, joined: asyncio.Queue[float], stop: asyncio.Event, healthy: set[str]
+    port: int,
+    name: str,
+    key: Ed25519PrivateKey | None,
+    joined: asyncio.Queue[float],
+    stop: asyncio.Event,
+    healthy: set[str],
 ) -> None:
     """One idle node; in ``healthy`` while its last heartbeat was answered."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -83,8 +118,11 @@ async def _crowd_node(
         t0 = time.perf_counter()
         request = pb.JoinRequest(protocol_versions=[1], node_name=name)
         request.node_config["pool"].string = "crowd"
+        if key is not None:
+            await _prove(stub, request, key)
         reply = await stub.Join(request, timeout=120)
         await joined.put(time.perf_counter() - t0)
+        healthy.add(name)
         metadata = ((SESSION_METADATA_KEY, reply.session_token),)
 
         async def beat() -> None:
@@ -109,14 +147,17 @@ async def _crowd_node(
             task.cancel()
 
 
-async def _crowd(port: int, nodes: int, prefix: str, status: Path) -> None:
+async def _crowd(port: int, names: Sequence[str], keys: Path | None, status: Path) -> None:
     joined: asyncio.Queue[float] = asyncio.Queue()
     stop = asyncio.Event()
     healthy: set[str] = set()
+    nodes = len(names)
+    signers = {
+        n: identity.load_private_key(keys / f"{n}.key") if keys is not None else None for n in names
+    }
     started = time.perf_counter()
     workers = [
-        asyncio.create_task(_crowd_node(port, f"{prefix}-{i}", joined, stop, healthy))
-        for i in range(nodes)
+        asyncio.create_task(_crowd_node(port, n, signers[n], joined, stop, healthy)) for n in names
     ]
     join_s = [await joined.get() for _ in range(nodes)]
     report: dict[str, Any] = {"joined": nodes, "join_wall_s": time.perf_counter() - started}
@@ -155,15 +196,23 @@ def _wait_for(paths: Sequence[Path], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
+def crowd_names(crowd: int) -> list[str]:
+    return [f"crowd-{i}" for i in range(crowd)]
+
+
 def _start_crowd(
-    port: int, crowd: int, processes: int, workdir: Path
+    port: int, crowd: int, processes: int, workdir: Path, auth: bool
 ) -> list[tuple[subprocess.Popen[bytes], Path]]:
     children = []
+    names = crowd_names(crowd)
     for index in range(processes):
-        nodes = crowd // processes + (1 if index < crowd % processes else 0)
         status = workdir / f"crowd-{index}.json"
-        command = [sys.executable, "-m", "benchmarks.load", "--crowd-child", str(nodes)]
-        command += ["--port", str(port), "--prefix", f"crowd{index}", "--status", str(status)]
+        names_file = workdir / f"crowd-{index}.names"
+        names_file.write_text("\n".join(names[index::processes]))
+        command = [sys.executable, "-m", "benchmarks.load", "--crowd-child", str(names_file)]
+        command += ["--port", str(port), "--status", str(status)]
+        if auth:
+            command += ["--keys", str(workdir / "keys")]
         children.append((subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT), status))
     return children
 
@@ -175,13 +224,15 @@ def _round_seconds(db_url: str) -> list[float]:
     return [r.duration_s for r in detail.rounds if r.duration_s is not None]
 
 
-def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
+def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[str, Any]:
     """One server, ``crowd`` idle nodes, the real rounds; the case's figures."""
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         port = free_port()
+        if auth:
+            write_keys(workdir, [*crowd_names(crowd), *(f"real-{i}" for i in range(REAL_CLIENTS))])
         config = workdir / "run.yaml"
-        config.write_text(yaml.safe_dump(run_yaml(port, rounds, workdir)))
+        config.write_text(yaml.safe_dump(run_yaml(port, rounds, workdir, auth)))
         server = subprocess.Popen(
             [sys.executable, "-m", "geofl.server.cli.main", "server", "-c", str(config)],
             env=_python_env(),
@@ -194,7 +245,7 @@ def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
             proc = psutil.Process(server.pid)
             crowd_report: dict[str, Any] = {}
             if crowd:
-                children = _start_crowd(port, crowd, crowd_processes, workdir)
+                children = _start_crowd(port, crowd, crowd_processes, workdir, auth)
                 _wait_for([s for _, s in children], timeout_s=600)
                 crowd_report = _joins([json.loads(s.read_text()) for _, s in children])
             idle_rss = proc.memory_info().rss
@@ -204,6 +255,8 @@ def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
                 command += ["--app", "examples.quickstart.task:client_app", "--name", f"real-{i}"]
                 command += ["--node-config", "pool=real", f"partition-id={i}"]
                 command += [f"num-partitions={REAL_CLIENTS}"]
+                if auth:
+                    command += ["--node-key", str(workdir / "keys" / f"real-{i}.key")]
                 clients.append(subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT))
             watch = _watch(proc, server, [s for _, s in children], timeout_s=900)
             for _, status in children:
@@ -212,6 +265,7 @@ def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
                 child.wait(120)
             return {
                 "crowd": crowd,
+                "authenticated": auth,
                 "server_exit": server.returncode,
                 "round_s": _round_seconds(f"sqlite:///{workdir / 'load.db'}"),
                 "server_rss_idle_mb": idle_rss / 2**20,
@@ -223,6 +277,8 @@ def run_case(crowd: int, rounds: int, crowd_processes: int) -> dict[str, Any]:
         finally:
             stop_trees([c.pid for c in clients] + [c.pid for c, _ in children])
             stop_tree(server.pid)
+            for process in [*clients, *(c for c, _ in children), server]:
+                process.wait(30)
 
 
 def _joins(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -273,17 +329,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--crowds", default="1000,5000", help="crowd sizes, comma-separated")
     parser.add_argument("--rounds", type=int, default=4, help="at least 2")
     parser.add_argument("--crowd-processes", type=int, default=4)
-    parser.add_argument("--crowd-child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-auth", action="store_true", help="nodes join unauthenticated (default: Ed25519 keys)"
+    )
+    parser.add_argument("--crowd-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--keys", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--status", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.crowd_child is not None:
-        asyncio.run(_crowd(args.port, args.crowd_child, args.prefix, args.status))
+        names = args.crowd_child.read_text().split()
+        asyncio.run(_crowd(args.port, names, args.keys, args.status))
         return 0
-    cases = [run_case(0, args.rounds, args.crowd_processes)]
+    auth = not args.no_auth
+    cases = [run_case(0, args.rounds, args.crowd_processes, auth)]
     for size in (int(s) for s in args.crowds.split(",") if s):
-        cases.append(run_case(size, args.rounds, args.crowd_processes))
+        cases.append(run_case(size, args.rounds, args.crowd_processes, auth))
         print(json.dumps(cases[-1]), file=sys.stderr)
     # Round 1 includes the real clients' start-up and joining: compare rounds 2..R.
     alone = statistics.median(cases[0]["round_s"][1:])

@@ -280,7 +280,7 @@ class RawPeer:
         self.tally = Tally()
         self._unary: dict[str, Callable[..., bytes]] = {
             name: self.channel.unary_unary(f"/{SERVICE_NAME}/{name}")
-            for name in ("Join", "Heartbeat", "GetTask")
+            for name in ("Challenge", "Join", "Heartbeat", "GetTask")
         }
         self._download = self.channel.unary_stream(f"/{SERVICE_NAME}/Download")
         self._submit = self.channel.stream_unary(f"/{SERVICE_NAME}/Submit")

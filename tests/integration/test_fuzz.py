@@ -71,6 +71,7 @@ def _ledger(server: ServerHandle) -> dict[tuple[str, str], int]:
 
 
 VALID_REQUESTS: dict[str, Any] = {
+    "Challenge": pb.ChallengeRequest(),
     "Join": pb.JoinRequest(protocol_versions=[1], node_name="fuzz", client_version="0"),
     "Heartbeat": pb.HeartbeatRequest(),
     "GetTask": pb.GetTaskRequest(poll_timeout_s=0.0),
