@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +133,10 @@ def test_every_rpc_survives_hostile_messages(tmp_path: Path, serve: Any) -> None
 class Mallory:
     """A participant that downloads correctly and uploads whatever it is given."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, server: ServerHandle, patience_s: float) -> None:
+        port = server.port
+        self.server = server
+        self.patience_s = patience_s
         self.conn = Connection(f"127.0.0.1:{port}")
         self.token = self.conn.join("mallory", None, {}, timeout=5).token
         self.peer = RawPeer(port)
@@ -156,7 +160,12 @@ class Mallory:
         Hypothesis may abandon an example midway through drawing its data; the task it
         had taken stays pending for the next example, so no round waits for it.
         """
+        waiting_since = time.monotonic()
         while self.pending is None:
+            if self.server.result.done():  # a crash shows here (the clients would just wait)
+                raise AssertionError(f"the coordinator ended mid-run: {self.server.result.result()}")
+            if time.monotonic() - waiting_since > self.patience_s:
+                raise AssertionError(f"no fit task for {self.patience_s:.0f} s: a round is stuck")
             task = self.conn.get_task(poll_timeout_s=2.0)
             if task.kind == pb.TASK_KIND_SHUTDOWN:
                 return None
@@ -223,7 +232,8 @@ def test_rounds_stay_exact_while_a_participant_sends_hostile_uploads(
         schedule={"deadline_s": 30, "wait_for_clients_s": 30},
     )
     server = serve(config)
-    mallory = Mallory(server.port)
+    # A round lasts well under a second; past its deadline (30 s) it must have ended.
+    mallory = Mallory(server, patience_s=60)
     server.add_client(0)
     server.add_client(1)
 
