@@ -14,10 +14,10 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import uuid
-from collections.abc import Coroutine, Hashable, Iterable
+from collections.abc import Coroutine, Hashable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from flwr.app import Error, Message, MetricRecord, RecordDict
+from flwr.app import Error, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
@@ -177,9 +177,15 @@ class GeoflGrid(Grid):
 
     # ------------------------------------------------------------ geofl's records
 
-    def record_computed(self, number: int, source: ServerSource, metrics: MetricRecord) -> None:
+    def record_computed(
+        self,
+        number: int,
+        source: ServerSource,
+        metrics: Mapping[str, object],
+        loss: float | None = None,
+    ) -> None:
         """Record what the strategy computed on the server (see :mod:`.strategy_results`)."""
-        self._call(self._hub.computed(number, source, dict(metrics)))
+        self._call(self._hub.computed(number, source, dict(metrics), loss))
 
     # ------------------------------------------------------------ internals
 

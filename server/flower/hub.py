@@ -199,10 +199,14 @@ class MessageHub:
                 pending.task.settle(Outcome("late", reason))
 
     async def computed(
-        self, number: int, source: ServerSource, metrics: Mapping[str, object]
+        self,
+        number: int,
+        source: ServerSource,
+        metrics: Mapping[str, object],
+        loss: float | None = None,
     ) -> None:
         """Record what the strategy computed on the server for round ``number``."""
-        self._rounds.computed(number, source, metrics)
+        self._rounds.computed(number, source, metrics, loss)
 
     def close(self, reason: str) -> None:
         """End of the run: settle every open task as dropped, take no more messages."""

@@ -163,6 +163,7 @@ class RoundBook:
         self._since = time.monotonic()
         #: The strategy's server-side results for the open round, by source.
         self._computed: dict[ServerSource, dict[str, int | float]] = {}
+        self._computed_loss: dict[ServerSource, float] = {}
         self._groups: dict[tuple[str, RoundKind], _Group] = {}
 
     def pushed(self, number: int, kind: RoundKind, cohort: int = 0) -> int:
@@ -212,12 +213,24 @@ class RoundBook:
             self._current.outcomes.append((task, outcome))
             self._outcomes[kind].append(outcome)
 
-    def computed(self, number: int, source: ServerSource, metrics: Mapping[str, object]) -> None:
-        """The strategy computed ``metrics`` on the server for round ``number`` (see module)."""
+    def computed(
+        self,
+        number: int,
+        source: ServerSource,
+        metrics: Mapping[str, object],
+        loss: float | None = None,
+    ) -> None:
+        """The strategy computed ``metrics`` (and ``loss``) on the server for round ``number``.
+
+        Several reports for one round and source add up (the legacy workflow reports a
+        central evaluation's loss and metrics separately).
+        """
         values = numeric_metrics(metrics)
         current = self._current
         if current is not None and current.number == number:
-            self._computed[source] = values
+            self._computed[source] = {**self._computed.get(source, {}), **values}
+            if loss is not None:
+                self._computed_loss[source] = loss
             return
         with self._db.session() as session:
             queries.add_event(
@@ -226,7 +239,7 @@ class RoundBook:
                 f"the strategy's {_SOURCE_NAMES[source]} result for round {number}",
                 run_id=self._run_id,
                 round=number,
-                data={"source": source, "metrics": values},
+                data={"source": source, "metrics": values, "loss": loss},
             )
 
     def group_pushed(self, group: str, kind: RoundKind) -> None:
@@ -281,7 +294,7 @@ class RoundBook:
             self._round_ids[number] = queries.start_round(session, self._run_id, number, cohort).id
         self._current = RoundRecord(number)
         self._outcomes = {"fit": [], "evaluate": []}
-        self._computed = {}
+        self._computed, self._computed_loss = {}, {}
         self._phase = None
         self._since = time.monotonic()
         return self._current
@@ -331,13 +344,18 @@ class RoundBook:
         fit, evaluate = self._computed.get("fit"), self._computed.get("evaluate")
         if fit is not None:
             record.fit_metrics = {**record.fit_metrics, **fit}
-            loss = _loss_of(fit, "fit")
-            record.train_loss = record.train_loss if loss is None else loss
         if evaluate is not None:
             record.eval_metrics = {**record.eval_metrics, **evaluate}
-            loss = _loss_of(evaluate, "evaluate")
-            record.eval_loss = record.eval_loss if loss is None else loss
+        record.train_loss = self._computed_loss_of("fit", record.train_loss)
+        record.eval_loss = self._computed_loss_of("evaluate", record.eval_loss)
         server = self._computed.get("server")
         if server is not None:
-            record.server_eval_loss = _loss_of(server, "evaluate")
             record.server_eval_metrics = dict(server)
+        record.server_eval_loss = self._computed_loss_of("server", record.server_eval_loss)
+
+    def _computed_loss_of(self, source: ServerSource, otherwise: float | None) -> float | None:
+        """The loss the strategy reported for ``source``, else one among its metrics."""
+        if source in self._computed_loss:
+            return self._computed_loss[source]
+        loss = _loss_of(self._computed.get(source, {}), "fit" if source == "fit" else "evaluate")
+        return otherwise if loss is None else loss

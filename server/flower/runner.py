@@ -40,6 +40,7 @@ from geofl.server.flower.grid import GeoflGrid
 from geofl.server.flower.hub import MessageHub
 from geofl.server.flower.recording import RoundBook
 from geofl.server.flower.strategy_results import install as record_strategy_results
+from geofl.server.flower.strategy_results import reporting_to
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.registry import Registry
@@ -262,7 +263,8 @@ class FlowerCoordinator:
         )
         outcome: BaseException | None = None
         try:
-            self._server_app(grid, context)
+            with reporting_to(grid):
+                self._server_app(grid, context)
         except BaseException as exc:  # handed to the loop, which records it
             outcome = exc
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting

@@ -11,35 +11,94 @@ strategy runs on a :class:`~geofl.server.flower.grid.GeoflGrid`, the start wraps
 and reports each result to the grid (:meth:`GeoflGrid.record_computed`); on any other grid
 it is Flower's own ``start``, unchanged.  The results are returned to Flower untouched.
 
+Legacy apps (``ServerApp(server_fn=...)``, Flower's ``Server`` or ``DefaultWorkflow``) keep
+the same results in a ``flwr.server.History``: the ``History.add_*`` methods are wrapped
+too, and report to the grid of the ServerApp running in the calling thread
+(:func:`reporting_to`, which the coordinator enters around the ServerApp).
+
 A strategy class that overrides ``start`` itself is not seen; its rounds are still
 recorded from its messages (:mod:`.recording`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.server import History
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from geofl.server.flower.grid import GeoflGrid
+from geofl.server.flower.recording import ServerSource
 
-__all__ = ["install"]
+__all__ = ["install", "reporting_to"]
 
 _FLOWER_START = Strategy.start
 _install_lock = threading.Lock()
+_running = threading.local()
+#: History's methods for the legacy workflow's results, and what each result is.
+_HISTORY_LOSSES: dict[str, ServerSource] = {
+    "add_loss_centralized": "server",
+    "add_loss_distributed": "evaluate",
+}
+_HISTORY_METRICS: dict[str, ServerSource] = {
+    "add_metrics_centralized": "server",
+    "add_metrics_distributed_fit": "fit",
+    "add_metrics_distributed": "evaluate",
+}
 
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 def install() -> None:
-    """Make ``Strategy.start`` report to geofl's grid (idempotent, thread-safe)."""
+    """Make ``Strategy.start`` and ``History`` report to geofl's grid (idempotent)."""
     with _install_lock:
-        if Strategy.start is not _recording_start:
-            Strategy.start = _recording_start  # type: ignore[method-assign]
+        if Strategy.start is _recording_start:
+            return
+        Strategy.start = _recording_start  # type: ignore[method-assign]
+        for name, source in _HISTORY_LOSSES.items():
+            setattr(History, name, _loss_hook(getattr(History, name), source))
+        for name, source in _HISTORY_METRICS.items():
+            setattr(History, name, _metrics_hook(getattr(History, name), source))
+
+
+@contextlib.contextmanager
+def reporting_to(grid: GeoflGrid) -> Iterator[None]:
+    """The legacy results this thread adds to a ``History`` go to ``grid``."""
+    _running.grid = grid
+    try:
+        yield
+    finally:
+        _running.grid = None
+
+
+def _current_grid() -> GeoflGrid | None:
+    grid: GeoflGrid | None = getattr(_running, "grid", None)
+    return grid
+
+
+def _loss_hook(add: Callable[..., None], source: ServerSource) -> Callable[..., None]:
+    def add_loss(self: History, server_round: int, loss: float) -> None:
+        add(self, server_round=server_round, loss=loss)
+        grid = _current_grid()
+        if grid is not None:
+            grid.record_computed(server_round, source, {}, loss=float(loss))
+
+    return add_loss
+
+
+def _metrics_hook(add: Callable[..., None], source: ServerSource) -> Callable[..., None]:
+    def add_metrics(self: History, server_round: int, metrics: Mapping[str, Any]) -> None:
+        add(self, server_round=server_round, metrics=metrics)
+        grid = _current_grid()
+        if grid is not None:
+            grid.record_computed(server_round, source, metrics)
+
+    return add_metrics
 
 
 def _recording_start(

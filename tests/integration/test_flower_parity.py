@@ -259,6 +259,27 @@ def test_strategy_results_the_run_id_and_a_final_group_are_recorded(tmp_path: Pa
         assert output.count(f"parity client {partition} trained") == 2  # once per round
 
 
+def test_a_legacy_apps_central_evaluation_and_fit_metrics_are_recorded(tmp_path: Path) -> None:
+    client = (
+        'clientapp = "parityapp.client_app:app"',
+        'clientapp = "parityapp.client_app:legacy_app"',
+    )
+    result = _simulate(tmp_path, _app(tmp_path, "legacy_app", replace=client))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rounds = _detail(tmp_path).rounds
+    assert [r.number for r in rounds] == [1, 2]
+    for r in rounds:
+        assert r.fit_metrics["custom-fit"] == 7.0  # fit_metrics_aggregation_fn's
+        assert r.server_eval_metrics == {"central-w-mean": pytest.approx(float(r.number))}
+        assert r.server_eval_loss == pytest.approx(1.0 / (r.number + 1))
+        assert r.eval_loss == pytest.approx(0.5)
+    # Before round 1, the legacy workflow reports the loss and the metrics one by one.
+    initial = _events(tmp_path, "flower.server_evaluation")
+    assert {e.round for e in initial} == {0}
+    assert [e.data["loss"] for e in initial if e.data["loss"] is not None] == [1.0]
+    assert [e.data["metrics"] for e in initial if e.data["metrics"]] == [{"central-w-mean": 0.0}]
+
+
 # ---------------------------------------------------------------- 6. federation settings
 
 

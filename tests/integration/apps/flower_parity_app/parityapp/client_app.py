@@ -5,6 +5,7 @@ from logging import INFO
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.common.logger import log
 
@@ -40,3 +41,24 @@ def evaluate(msg: Message, context: Context) -> Message:
     w = msg.content.array_records["arrays"]["w"].numpy()
     metrics = MetricRecord({"num-examples": 10, "eval_loss": 0.5, "w-mean": float(w.mean())})
     return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+class _Shift(NumPyClient):
+    """The legacy NumPyClient of the same step: w + 1."""
+
+    def __init__(self, partition: int) -> None:
+        self.partition = partition
+
+    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+        examples = 10 * (self.partition + 1)
+        return [parameters[0] + 1.0], examples, {"train_loss": float(self.partition)}
+
+    def evaluate(self, parameters, config):  # type: ignore[no-untyped-def]
+        return 0.5, 10, {"w-mean": float(parameters[0].mean())}
+
+
+def legacy_client_fn(context: Context) -> Client:
+    return _Shift(_partition(context)).to_client()
+
+
+legacy_app = ClientApp(client_fn=legacy_client_fn)

@@ -4,6 +4,9 @@ import time
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common import ndarrays_to_parameters
+from flwr.server import ServerAppComponents, ServerConfig
+from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
@@ -76,3 +79,29 @@ def metrics(grid: Grid, context: Context) -> None:
     content = RecordDict({"arrays": result.arrays, "config": ConfigRecord({})})
     final = [Message(content, node, "evaluate", group_id="final") for node in grid.get_node_ids()]
     grid.send_and_receive(final)
+
+
+# ---------------------------------------------------------------- the legacy API
+
+
+def legacy_central_evaluation(server_round, parameters, config):  # type: ignore[no-untyped-def]
+    """The legacy evaluate_fn: (loss, metrics) of the global model."""
+    return 1.0 / (server_round + 1), {"central-w-mean": float(parameters[0].mean())}
+
+
+def legacy_server_fn(context: Context) -> ServerAppComponents:
+    """Legacy FedAvg on every node, with central evaluation and custom fit metrics."""
+    strategy = LegacyFedAvg(
+        fraction_evaluate=1.0,
+        min_fit_clients=3,
+        min_evaluate_clients=3,
+        min_available_clients=3,
+        initial_parameters=ndarrays_to_parameters([np.zeros((2, 2), dtype=np.float32)]),
+        evaluate_fn=legacy_central_evaluation,
+        fit_metrics_aggregation_fn=lambda results: {"custom-fit": 7.0},
+    )
+    rounds = int(context.run_config["num-server-rounds"])
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=rounds))
+
+
+legacy_app = ServerApp(server_fn=legacy_server_fn)
