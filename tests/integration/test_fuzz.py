@@ -230,6 +230,8 @@ def test_rounds_stay_exact_while_a_participant_sends_hostile_uploads(
         evaluation={"every": 0},
         strategy={"clients_per_round": 3, "min_clients": 2},
         schedule={"deadline_s": 30, "wait_for_clients_s": 30},
+        # Liveness is not under test: a loaded host must not expire mallory mid-campaign.
+        server={"heartbeat_interval_s": 2.0},
     )
     server = serve(config)
     # A round lasts well under a second; past its deadline (30 s) it must have ended.
