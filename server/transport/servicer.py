@@ -40,6 +40,7 @@ from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.bounds import (
     Reported,
+    check_join,
     check_metrics,
     check_reported,
     error_text,
@@ -168,6 +169,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("JoinRequest.node_name is empty")
         config = serde.scalar_map(request.node_config)
         region = request.region or None
+        check_join(request.node_name, region, config)
         if self._s.regions and region is not None and region not in self._s.regions:
             role = "relay" if config.get("relay") is True else "node"
             raise WireError(
