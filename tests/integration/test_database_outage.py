@@ -101,7 +101,9 @@ def test_coordinator_rides_out_a_postgresql_outage(tmp_path: Path, postgres_url:
         detail = queries.run_detail(session, run.id)
     assert run.status == "completed"
     assert [r.number for r in detail.rounds] == list(range(1, rounds + 1))
-    assert all(r.status == "committed" for r in detail.rounds)
+    assert all(r.status == "committed" for r in detail.rounds), [
+        (r.number, r.status, r.error) for r in detail.rounds
+    ]
     for number in range(1, rounds + 1):
         fits = [p for p in detail.participations if p.round_number == number and p.kind == "fit"]
         assert sorted(p.node_name for p in fits if p.status == "ok") == ["site-0", "site-1"]
