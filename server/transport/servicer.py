@@ -335,7 +335,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return
         try:
             await stage(task, outcome)
-        except WireError:
+        except (WireError, asyncio.CancelledError):  # refused, or the client went away
             outcome.release()
             raise
         except Exception as exc:
