@@ -113,7 +113,9 @@ def kill_at(phase: str, model: str, slow_s: float, work: Path) -> dict[str, Any]
     try:
         deadline = time.monotonic() + 120
         while not phase_reached(phase, _state(db_url)):
-            if time.monotonic() > deadline or server.poll() is not None:
+            if server.poll() is not None:  # finished between two polls: nothing to kill
+                return {"phase_wanted": phase, "phase_hit": "run finished before the kill"}
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"round 1 never reached {phase}")
             time.sleep(0.001)
         server.send_signal(signal.SIGKILL)
