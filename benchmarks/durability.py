@@ -13,14 +13,18 @@ file); the target is 0. The phase the kill actually landed in is read back from 
 database, so a phase too short to hit by polling shows as the phase that was hit.
 
 Run as ``python -m benchmarks.durability --model geofl_testapp:make_large_model``;
-prints one JSON object per phase.
+prints one JSON object per phase. ``--stage-cost N`` instead times what staging adds to
+one accepted upload of N float32 values before its ack (:meth:`DurableUploads.stage`:
+the safetensors file with fsync and rename, and the database row), on SQLite.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,12 +32,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from geofl.server.models.staging import DurableUploads
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
+from geofl.server.nodes.registry import TaskRecord
 from geofl.storage import open_database, queries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 from processes import free_port, start_geofl, write_config
 
-__all__ = ["PHASES", "kill_at", "main"]
+__all__ = ["PHASES", "kill_at", "main", "phase_reached", "stage_cost"]
 
 PHASES = ("broadcast", "fit", "aggregate", "commit")
 
@@ -53,7 +62,7 @@ def _state(db_url: str) -> tuple[str | None, int, int]:
         return None, 0, 0
 
 
-def _reached(phase: str, state: tuple[str | None, int, int]) -> bool:
+def phase_reached(phase: str, state: tuple[str | None, int, int]) -> bool:
     current, staged, committed = state
     if committed >= 1:
         return True  # too late: report what was hit
@@ -103,8 +112,10 @@ def kill_at(phase: str, model: str, slow_s: float, work: Path) -> dict[str, Any]
     processes = [server, *clients]
     try:
         deadline = time.monotonic() + 120
-        while not _reached(phase, _state(db_url)):
-            if time.monotonic() > deadline or server.poll() is not None:
+        while not phase_reached(phase, _state(db_url)):
+            if server.poll() is not None:  # finished between two polls: nothing to kill
+                return {"phase_wanted": phase, "phase_hit": "run finished before the kill"}
+            if time.monotonic() > deadline:
                 raise RuntimeError(f"round 1 never reached {phase}")
             time.sleep(0.001)
         server.send_signal(signal.SIGKILL)
@@ -139,13 +150,51 @@ def kill_at(phase: str, model: str, slow_s: float, work: Path) -> dict[str, Any]
     }
 
 
+def stage_cost(params: int, repeats: int, work: Path) -> dict[str, Any]:
+    """Median seconds :meth:`DurableUploads.stage` takes for one update of ``params`` floats."""
+    db = open_database(f"sqlite:///{work / 'geofl.db'}")
+    with db.session() as session:
+        run = queries.create_run(session, "stage-cost", {}, 1)
+        node = queries.upsert_node(session, run.id, "site", None, {})
+    uploads = DurableUploads(db, work / "checkpoints", run.id)
+    rng = np.random.default_rng(0)
+
+    async def once(index: int) -> float:
+        update = {"w": rng.standard_normal(params, dtype=np.float32)}
+        loop = asyncio.get_running_loop()
+        task = TaskRecord(index, node.id, "fit", 1, 0, {}, 0.0, loop.create_future())
+        outcome = Outcome("ok", num_examples=10, payload=DeltaUpdate(update))
+        started = time.perf_counter()
+        await uploads.stage(task, outcome)
+        return time.perf_counter() - started
+
+    async def every() -> list[float]:
+        return [await once(i) for i in range(repeats)]
+
+    times = asyncio.run(every())
+    db.close()
+    return {
+        "params": params,
+        "bytes": params * 4,
+        "repeats": repeats,
+        "stage_median_s": round(statistics.median(times), 4),
+        "stage_max_s": round(max(times), 4),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every phase once; print a JSON line each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="geofl_testapp:make_model")
     parser.add_argument("--slow-s", type=float, default=6.0)
     parser.add_argument("--phases", nargs="*", default=list(PHASES))
+    parser.add_argument("--stage-cost", type=int, default=0, metavar="PARAMS")
+    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.stage_cost:
+        with tempfile.TemporaryDirectory() as work:
+            print(json.dumps(stage_cost(args.stage_cost, args.repeats, Path(work))))
+        return
     for phase in args.phases:
         with tempfile.TemporaryDirectory() as work:
             print(json.dumps(kill_at(phase, args.model, args.slow_s, Path(work))), flush=True)

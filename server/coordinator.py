@@ -384,10 +384,14 @@ class Coordinator:
             ) from exc
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
-        with self.db.session() as session:
-            return queries.upsert_node(
-                session, self.run_id, name, region, dict(node_config), now=self.clock.now()
-            ).id
+        now = self.clock.now()
+        return self.db.transact(
+            lambda session: (
+                queries.upsert_node(
+                    session, self.run_id, name, region, dict(node_config), now=now
+                ).id
+            )
+        )
 
     def _record_refusal(self, kind: str, details: dict[str, Scalar]) -> None:
         """Write a refused identity, forbidden request or replay to the run's events."""
@@ -403,8 +407,10 @@ class Coordinator:
 
     def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
         """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
-        with self.db.session() as session:
-            return queries.upsert_nodes(session, self.run_id, nodes, now=self.clock.now())
+        now = self.clock.now()
+        return self.db.transact(
+            lambda session: queries.upsert_nodes(session, self.run_id, nodes, now=now)
+        )
 
     @property
     def models(self) -> ModelStore:
@@ -454,8 +460,10 @@ class Coordinator:
             status, error = "failed", str(exc)
         finally:
             reaper.cancel()
-        with self.db.session() as session:
-            queries.finish_run(session, self.run_id, status, error, now=self.clock.now())
+        now = self.clock.now()
+        self.db.transact(
+            lambda session: queries.finish_run(session, self.run_id, status, error, now=now)
+        )
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
 

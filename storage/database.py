@@ -123,6 +123,46 @@ class Database:
         finally:
             session.close()
 
+    def transact(self, work: Callable[[Session], _T]) -> _T:
+        """Run ``work(session)`` as one unit of work; run it again if the connection drops.
+
+        :meth:`session` can retry only the start of a transaction; a database that goes
+        away *during* the unit (PostgreSQL stopped while a statement runs) fails it. Here
+        the whole unit is re-run on a fresh transaction, within :attr:`retry_s`, as long
+        as the failure came before ``COMMIT`` was sent (``work`` has run and been
+        flushed): the rolled-back attempt left nothing behind, so nothing is doubled. A
+        connection lost during the ``COMMIT`` itself is raised, since the database may or
+        may not have applied it.
+        """
+        started = time.monotonic()
+        while True:
+            session = self._begin()
+            try:
+                result = work(session)
+                session.flush()
+            except (OperationalError, InterfaceError) as exc:
+                session.rollback()
+                session.close()
+                waited = time.monotonic() - started
+                if not exc.connection_invalidated or waited >= self.retry_s:
+                    raise StorageUnavailableError(
+                        self.url, _one_line(exc, self.engine.url)
+                    ) from exc
+                log.warning("database %s dropped the connection; running the unit again", self.url)
+                continue
+            except BaseException:
+                session.rollback()
+                session.close()
+                raise
+            try:
+                session.commit()
+            except (OperationalError, InterfaceError) as exc:
+                session.rollback()
+                raise StorageUnavailableError(self.url, _one_line(exc, self.engine.url)) from exc
+            finally:
+                session.close()
+            return result
+
     def _begin(self) -> Session:
         """A session whose transaction has started (connection checked out, BEGIN run)."""
         started = time.monotonic()

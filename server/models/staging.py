@@ -24,11 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlalchemy.orm import Session
+
 from geofl.protocols.types import Weights
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.storage import CheckpointStore, Database, queries
+from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 from geofl.storage.queries import StagedUpdateRecord
 
 log = logging.getLogger(__name__)
@@ -104,8 +106,7 @@ class DurableUploads:
         await asyncio.to_thread(self._record, record)
 
     def _record(self, record: StagedUpdateRecord) -> None:
-        with self._db.session() as session:
-            queries.stage_update(session, record)
+        self._db.transact(lambda session: queries.stage_update(session, record))
 
     def resumed(self, number: int, version: int) -> list[ResumedUpdate]:
         """Round ``number``'s staged updates trained on ``version``; every other round cleared.
@@ -114,8 +115,9 @@ class DurableUploads:
         aggregate; they are dropped with the other rounds' (and logged).
         """
         self.clear(keep_round=number)
-        with self._db.session() as session:
-            records = queries.staged_updates(session, self._run_id, number)
+        records = self._db.transact(
+            lambda session: queries.staged_updates(session, self._run_id, number)
+        )
         usable = [r for r in records if r.model_version == version]
         for stale in (r for r in records if r.model_version != version):
             log.warning(
@@ -136,18 +138,16 @@ class DurableUploads:
 
     def clear(self, *, keep_round: int | None = None) -> None:
         """Delete staged rows and files of every round but ``keep_round`` (None: all)."""
-        with self._db.session() as session:
-            kept = (
-                queries.staged_updates(session, self._run_id, keep_round)
-                if keep_round is not None
-                else []
-            )
-            gone = [
-                r.file
-                for r in queries.staged_updates(session, self._run_id)
-                if r.round != keep_round
-            ]
+
+        def clear(session: Session) -> tuple[list[StagedUpdateRecord], list[CheckpointRecord]]:
+            everything = queries.staged_updates(session, self._run_id)
             queries.clear_staged(session, self._run_id, keep_round=keep_round)
+            return (
+                [r for r in everything if r.round == keep_round],
+                [r.file for r in everything if r.round != keep_round],
+            )
+
+        kept, gone = self._db.transact(clear)
         still_used = {r.file.sha256 for r in kept}
         for file in gone:
             if file.sha256 not in still_used:
@@ -155,10 +155,13 @@ class DurableUploads:
 
     def clear_round(self, number: int) -> None:
         """Round ``number`` committed or failed: its staged updates are no longer needed."""
-        with self._db.session() as session:
+
+        def clear(session: Session) -> tuple[list[StagedUpdateRecord], set[str]]:
             records = queries.staged_updates(session, self._run_id, number)
             queries.clear_staged_round(session, self._run_id, number)
-            remaining = {r.file.sha256 for r in queries.staged_updates(session, self._run_id)}
+            return records, {r.file.sha256 for r in queries.staged_updates(session, self._run_id)}
+
+        records, remaining = self._db.transact(clear)
         for record in records:
             if record.file.sha256 not in remaining:
                 self._files.delete(record.file)

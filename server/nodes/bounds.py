@@ -28,6 +28,7 @@ __all__ = [
     "MAX_METRIC_VALUE_BYTES",
     "MAX_NUM_EXAMPLES",
     "Reported",
+    "check_join",
     "check_metrics",
     "check_reported",
     "error_text",
@@ -46,6 +47,9 @@ MAX_METRIC_KEY_CHARS = 128
 MAX_METRIC_VALUE_BYTES = 4096
 #: Characters of a client's error text kept as the participation's reason.
 MAX_ERROR_CHARS = 2000
+#: ``nodes.name`` is VARCHAR(200), ``nodes.region`` VARCHAR(100) (PostgreSQL enforces it).
+MAX_NODE_NAME_CHARS = 200
+MAX_REGION_CHARS = 100
 #: Largest integer a JSON metric keeps exactly in every reader (IEEE doubles).
 _MAX_EXACT_INT = 2**53
 
@@ -83,7 +87,7 @@ def check_reported(
     return Reported(num_examples, loss, check_metrics(metrics), compute_s or None)
 
 
-def check_metrics(metrics: Mapping[str, Scalar]) -> Metrics:
+def check_metrics(metrics: Mapping[str, Scalar], what: str = "metric") -> Metrics:
     """The metrics as a plain dict if every name and value is within bounds.
 
     Raises
@@ -93,24 +97,24 @@ def check_metrics(metrics: Mapping[str, Scalar]) -> Metrics:
         beyond 2**53 (JSON readers lose it), or an over-long string or bytes value.
     """
     if len(metrics) > MAX_METRICS:
-        raise ProtocolError(f"{len(metrics)} metrics in one result, at most {MAX_METRICS}")
+        raise ProtocolError(f"{len(metrics)} {what}s in one message, at most {MAX_METRICS}")
     for key, value in metrics.items():
         if not 0 < len(key) <= MAX_METRIC_KEY_CHARS:
             raise ProtocolError(
-                f"a metric name must have 1 to {MAX_METRIC_KEY_CHARS} characters, "
+                f"a {what} name must have 1 to {MAX_METRIC_KEY_CHARS} characters, "
                 f"got {len(key)} ({key[:40]!r}...)"
             )
-        _check_value(key, value)
+        _check_value(f"{what} {key!r}", value)
     return dict(metrics)
 
 
-def _check_value(key: str, value: Scalar) -> None:
+def _check_value(named: str, value: Scalar) -> None:
     if isinstance(value, bool):
         return
     if isinstance(value, float) and not math.isfinite(value):
-        raise ProtocolError(f"metric {key!r} is {value!r}; metrics must be finite")
+        raise ProtocolError(f"{named} is {value!r}; values must be finite")
     if isinstance(value, int) and abs(value) > _MAX_EXACT_INT:
-        raise ProtocolError(f"metric {key!r} = {value} is beyond +-2**53")
+        raise ProtocolError(f"{named} = {value} is beyond +-2**53")
     size = (
         len(value.encode())
         if isinstance(value, str)
@@ -119,7 +123,27 @@ def _check_value(key: str, value: Scalar) -> None:
         else 0
     )
     if size > MAX_METRIC_VALUE_BYTES:
-        raise ProtocolError(f"metric {key!r} holds {size} bytes, at most {MAX_METRIC_VALUE_BYTES}")
+        raise ProtocolError(f"{named} holds {size} bytes, at most {MAX_METRIC_VALUE_BYTES}")
+
+
+def check_join(name: str, region: str | None, node_config: Mapping[str, Scalar]) -> None:
+    """A join's name, region and node config within the ``nodes`` table's columns.
+
+    Raises
+    ------
+    ProtocolError
+        An over-long name or region, or a node config outside the metric bounds (it is
+        stored as JSON like metrics are).
+    """
+    if len(name) > MAX_NODE_NAME_CHARS:
+        raise ProtocolError(
+            f"JoinRequest.node_name has {len(name)} characters, at most {MAX_NODE_NAME_CHARS}"
+        )
+    if region is not None and len(region) > MAX_REGION_CHARS:
+        raise ProtocolError(
+            f"JoinRequest.region has {len(region)} characters, at most {MAX_REGION_CHARS}"
+        )
+    check_metrics(node_config, "node config key")
 
 
 def error_text(error: str, fallback: str = "client error") -> str:

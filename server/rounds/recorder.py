@@ -23,6 +23,16 @@ def _utc(unix_s: float | None) -> dt.datetime | None:
     return None if unix_s is None else dt.datetime.fromtimestamp(unix_s, dt.UTC)
 
 
+def _write_pending(session: Session, pending: Sequence[tuple[int, dict[str, Any]]]) -> None:
+    """Record the waiting participations, grouped by round (a retried unit writes them again:
+    rows are keyed by task and attempt, so nothing is doubled)."""
+    by_round: dict[int, list[dict[str, Any]]] = {}
+    for round_id, values in pending:
+        by_round.setdefault(round_id, []).append(values)
+    for round_id, rows in by_round.items():
+        queries.record_participations(session, round_id, rows)
+
+
 class DatabaseRecorder(RoundObserver):
     """Writes what the engine does; the commit is one transaction."""
 
@@ -46,23 +56,29 @@ class DatabaseRecorder(RoundObserver):
         self._round_ids: dict[int, int] = {}
 
     def round_started(self, number: int, cohort_target: int) -> None:
-        with self._db.session() as session:
-            row = queries.start_round(
-                session, self._run_id, number, cohort_target, now=self._clock.now()
-            )
-            self._round_ids[number] = row.id
+        now = self._clock.now()
+
+        def start(session: Session) -> int:
+            return queries.start_round(session, self._run_id, number, cohort_target, now=now).id
+
+        self._round_ids[number] = self._db.transact(start)
 
     def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
         if phase is Phase.FAILED:
             return
-        with self._db.session() as session:
-            self._write_pending(session)
+        pending = self._pending
+
+        def write(session: Session) -> None:
+            _write_pending(session, pending)
             queries.set_round_phase(
                 session,
                 self._round_ids[number],
                 phase.value,
                 seconds_in_previous_phase=seconds_in_previous,
             )
+
+        self._db.transact(write)
+        self._pending = self._pending[len(pending) :]
 
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         finished = _utc(task.settled_at) or self._clock.now()
@@ -87,22 +103,16 @@ class DatabaseRecorder(RoundObserver):
         )
         self._pending.append((self._round_ids[number], values))
 
-    def _write_pending(self, session: Session) -> None:
-        pending, self._pending = self._pending, []
-        by_round: dict[int, list[dict[str, Any]]] = {}
-        for round_id, values in pending:
-            by_round.setdefault(round_id, []).append(values)
-        for round_id, rows in by_round.items():
-            queries.record_participations(session, round_id, rows)
-
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView
     ) -> None:
         checkpoint = await asyncio.to_thread(
             self._store.save, self._run_id, record.number, weights, state
         )
-        with self._db.session() as session:
-            self._write_pending(session)
+        pending, now = self._pending, self._clock.now()
+
+        def commit(session: Session) -> None:
+            _write_pending(session, pending)
             queries.commit_round(
                 session,
                 self._round_ids[record.number],
@@ -113,46 +123,56 @@ class DatabaseRecorder(RoundObserver):
                 eval_metrics=dict(record.eval_metrics),
                 server_eval_loss=record.server_eval_loss,
                 server_eval_metrics=dict(record.server_eval_metrics),
-                now=self._clock.now(),
+                now=now,
             )
+
+        self._db.transact(commit)
+        self._pending = self._pending[len(pending) :]
         if self._keep is not None:
             await asyncio.to_thread(self._prune, self._keep)
 
     def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
-        with self._db.session() as session:
-            queries.add_event(
+        now = self._clock.now()
+        self._db.transact(
+            lambda session: queries.add_event(
                 session,
                 "round.plan",
                 message,
                 run_id=self._run_id,
                 round=number,
                 data=data,
-                now=self._clock.now(),
+                now=now,
             )
+        )
 
     def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
         if not estimates or number not in self._round_ids:
             return
-        with self._db.session() as session:
-            queries.record_measurements(session, self._round_ids[number], estimates)
+        round_id = self._round_ids[number]
+        self._db.transact(lambda session: queries.record_measurements(session, round_id, estimates))
 
     def _prune(self, keep: int) -> None:
         """Delete checkpoint files beyond the newest ``keep`` (rows stay as history)."""
-        with self._db.session() as session:
-            rows = [
+        rows = self._db.transact(
+            lambda session: [
                 CheckpointRecord.from_row(r) for r in queries.checkpoints_of(session, self._run_id)
             ]
+        )
         kept = {r.sha256 for r in rows[:keep]}
         for record in rows[keep:]:
             if record.sha256 not in kept:
                 self._store.delete(record)
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
-        with self._db.session() as session:
-            self._write_pending(session)
-            queries.fail_round(
-                session, self._round_ids[record.number], reason, now=self._clock.now()
-            )
+        pending, now = self._pending, self._clock.now()
+        round_id = self._round_ids[record.number]
+
+        def fail(session: Session) -> None:
+            _write_pending(session, pending)
+            queries.fail_round(session, round_id, reason, now=now)
+
+        self._db.transact(fail)
+        self._pending = self._pending[len(pending) :]
 
 
 __all__ = ["DatabaseRecorder"]

@@ -42,6 +42,7 @@ from geofl.server.models.spool import MemoryBudget, SpoolSink
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.bounds import (
     Reported,
+    check_join,
     check_metrics,
     check_reported,
     error_text,
@@ -246,6 +247,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             raise ProtocolError("JoinRequest.node_name is empty")
         config = serde.scalar_map(request.node_config)
         region = request.region or (identity.region if identity is not None else None) or None
+        check_join(name, region, config)
         if self._s.regions and region is not None and region not in self._s.regions:
             role = "relay" if config.get("relay") is True else "node"
             raise WireError(
@@ -440,7 +442,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             return
         try:
             await stage(task, outcome)
-        except WireError:
+        except (WireError, asyncio.CancelledError):  # refused, or the client went away
             outcome.release()
             raise
         except Exception as exc:

@@ -11,11 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 
+from geofl.client.connection import Connection
 from geofl.protocols.errors import ProtocolError
 from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 from .conftest import run_config
@@ -59,7 +62,7 @@ BAD_HEADERS = {
     "metric_long_name": (_with(metrics={"k" * 500: pb.Scalar(int=1)}), "metric name must have"),
     "too_many_metrics": (
         _with(metrics={f"m{i}": pb.Scalar(int=i) for i in range(300)}),
-        "300 metrics in one result",
+        "300 metrics in one message",
     ),
 }
 
@@ -128,3 +131,57 @@ def test_max_examples_per_client_caps_a_clients_weight(tmp_path: Path, serve: An
     weights, _ = CheckpointStore(tmp_path / "ckpt").load(CheckpointRecord.from_row(row))
     # Equal weights (10 and a capped 10): the mean of +1 and +3. Uncapped it would be ~3.
     np.testing.assert_allclose(weights["b"], 2.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "reason"),
+    [
+        ({"node_name": "n" * 300}, "node_name has 300 characters, at most 200"),
+        ({"node_name": "ok", "region": "r" * 150}, "region has 150 characters, at most 100"),
+    ],
+    ids=["long-name", "long-region"],
+)
+def test_join_fields_beyond_the_nodes_columns_are_refused(
+    tmp_path: Path, serve: Any, request_fields: dict[str, str], reason: str
+) -> None:
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 1, "min_clients": 1},
+    )
+    server = serve(config)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = pb_grpc.CoordinatorStub(channel)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Join(pb.JoinRequest(protocol_versions=[1], **request_fields), timeout=5)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "GEOFL-E104" in (refused.value.details() or "")
+    assert reason in (refused.value.details() or "")
+    channel.close()
+    server.add_client(0)
+    assert server.wait().status == "completed"
+
+
+def test_nan_poll_timeout_is_answered_not_an_internal_error(tmp_path: Path, serve: Any) -> None:
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+        schedule={"wait_for_clients_s": 30},
+    )
+    server = serve(config)
+    conn = Connection(f"127.0.0.1:{server.port}")
+    conn.join("poller", None, {}, timeout=5)
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    stub = pb_grpc.CoordinatorStub(channel)
+    # The client library would derive its own deadline from the NaN: a raw stub instead.
+    request = pb.GetTaskRequest(poll_timeout_s=float("nan"))
+    task = stub.GetTask(request, metadata=conn._metadata(), timeout=10)
+    assert task.kind in (pb.TASK_KIND_WAIT, pb.TASK_KIND_FIT)
+    channel.close()
+    conn.close()
+    server.add_client(0)
+    server.add_client(1)
+    assert server.wait().status == "completed"
