@@ -3,9 +3,9 @@
 The names exported here are pure and transport-free (links, traces, partitions,
 preflight). The machinery that runs simulations lives in its own modules: ``virtual_loop``,
 ``fleet``, ``workers``, ``backends``, ``ray_backend`` and ``virtual`` (the virtual clock),
-``launcher``, ``commands``, ``processes`` and ``shaper`` (the wall clock's relay, client and
-user-space link-emulator processes), ``checks`` (what ``geofl simulate`` refuses before it
-starts anything), ``progress`` and ``summary``.
+``launcher``, ``client_processes``, ``commands``, ``processes`` and ``shaper`` (the wall
+clock's relay, client-worker and user-space link-emulator processes), ``checks`` (what
+``geofl simulate`` refuses before it starts anything), ``progress`` and ``summary``.
 
 Names are imported on first use, so that ``python -m geofl.server.simulation.traces``
 runs that module once (``runpy`` warns when the package has imported it already).

@@ -1,7 +1,10 @@
 """Command lines of the processes a wall-clock simulation starts: clients and relays.
 
-Each is the ``geofl`` command a user would type on another machine, pointed at loopback,
-so a simulation runs exactly the code a deployment runs.
+Clients run as ``geofl client`` (one per process) or ``python -m geofl.client.pool``
+(several per process); see :mod:`geofl.server.simulation.client_processes`.
+
+Each runs the code a deployment runs (the pool worker runs the same client runtime, several
+at once), pointed at loopback.
 """
 
 from __future__ import annotations
@@ -9,11 +12,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from geofl.protocols.types import Scalar
 from geofl.server.config import RunConfig
 
 __all__ = [
-    "client_command",
     "node_config_pairs",
     "pool_command",
     "relay_command",
@@ -22,22 +23,6 @@ __all__ = [
 
 #: How long a simulated client or relay keeps reconnecting before it gives up.
 _RECONNECT_FOR_S = "60"
-
-
-def client_command(
-    config: RunConfig,
-    port: int,
-    index: int,
-    region: str | None = None,
-    extra: Mapping[str, Scalar] | None = None,
-) -> list[str]:
-    """Command line of simulated client ``index`` (connecting to ``port``, in ``region``).
-
-    ``extra`` node config (e.g. the simulator's partition file) is added to every client's.
-    """
-    sim = config.simulation
-    node_config = {**sim.node_config, **(extra or {})}
-    return simulated_client_command(str(sim.app), port, index, sim.clients, node_config, region)
 
 
 def simulated_client_command(
