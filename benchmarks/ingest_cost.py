@@ -2,10 +2,12 @@
 
 The framework benchmark shows where a round's time goes by phase (``fit`` includes every
 upload); this splits one update's server-side work into its steps, run in one thread the
-way the coordinator's event loop runs them: parse each ``UploadMessage``
-(:func:`geofl.protocols.serde.decode_upload`), then the :class:`~geofl.protocols.streams.Assembler`
+way the coordinator's event loop runs them: parse each ``UploadMessage``, the chunk's data
+left in place as a view (:func:`geofl.protocols.serde.decode_upload_view`), then the
+:class:`~geofl.protocols.streams.Assembler`
 (CRC32 check, NaN/Inf check, copy into the staging area), staged in memory or spilled to a
-temporary file. ``crc32`` and ``isfinite`` are also timed alone over the same chunks.
+temporary file. ``crc32`` (:func:`geofl.protocols.serde.crc32`, as the assembler checks it)
+and ``isfinite`` are also timed alone over the same chunks.
 
 Run as ``python -m benchmarks.ingest_cost --params 10000000 --repeats 5``; prints JSON with
 the median seconds of each step for one update.
@@ -17,7 +19,6 @@ import argparse
 import json
 import statistics
 import time
-import zlib
 from collections.abc import Callable
 
 import numpy as np
@@ -51,13 +52,14 @@ def ingest_costs(params: int, repeats: int, chunk_bytes: int) -> dict[str, float
         sink = SpoolSink(MemoryBudget(limit), model_bytes(spec))
         assembler = streams.Assembler(sink, spec, check_finite=True)
         for message in raw:
-            assembler.feed(serde.decode_upload(message).chunk)
+            parsed, data = serde.decode_upload_view(message)
+            assembler.feed(parsed.chunk, data)
         assembler.finish()
         sink.discard()
 
     return {
-        "decode_upload": _median_s(lambda: [serde.decode_upload(r) for r in raw], repeats),
-        "crc32": _median_s(lambda: [zlib.crc32(c.data) for c in chunks], repeats),
+        "decode_upload": _median_s(lambda: [serde.decode_upload_view(r) for r in raw], repeats),
+        "crc32": _median_s(lambda: [serde.crc32(c.data) for c in chunks], repeats),
         "isfinite": _median_s(
             lambda: [np.isfinite(np.frombuffer(c.data, np.float32)).all() for c in chunks],
             repeats,

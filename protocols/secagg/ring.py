@@ -142,7 +142,11 @@ class RingQuantizer:
             raise SecAggError("the vector holds NaN or Inf values; refusing to quantize it")
         # In place on one float64 array: this runs on every client for every parameter.
         reusable = x.dtype == np.float64 and x.flags.c_contiguous and x.flags.writeable
-        levels = x if overwrite and reusable else np.array(x, dtype=np.float64)
+        levels: FloatArray = (
+            x.astype(np.float64, copy=False)  # a no-op: x is float64 here
+            if overwrite and reusable
+            else np.array(x, dtype=np.float64)
+        )
         np.minimum(levels, self.clip, out=levels)
         np.maximum(levels, -self.clip, out=levels)
         levels += self.clip
