@@ -163,7 +163,8 @@ class Mallory:
         waiting_since = time.monotonic()
         while self.pending is None:
             if self.server.result.done():  # a crash shows here (the clients would just wait)
-                raise AssertionError(f"the coordinator ended mid-run: {self.server.result.result()}")
+                ended = self.server.result.result()
+                raise AssertionError(f"the coordinator ended mid-run: {ended}")
             if time.monotonic() - waiting_since > self.patience_s:
                 raise AssertionError(f"no fit task for {self.patience_s:.0f} s: a round is stuck")
             task = self.conn.get_task(poll_timeout_s=2.0)
