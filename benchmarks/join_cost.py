@@ -69,6 +69,7 @@ def _serving(config: Any) -> Iterator[int]:
         asyncio.run_coroutine_threadsafe(coordinator.stop(0), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
 
 
 def _rate(count: int, join: Callable[[int], None]) -> dict[str, float]:

@@ -209,7 +209,8 @@ async def watch_authorized_nodes(
         return
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reload.wait(), interval_s)
+            async with asyncio.timeout(interval_s):  # not wait_for: it may swallow a cancel
+                await reload.wait()
         forced = reload.is_set()
         reload.clear()
         if not keys.refresh(force=forced):

@@ -33,7 +33,14 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar
-from geofl.server.coordinator import AddressInUseError, RunResult, start_grpc_server
+from geofl.server.config.errors import ConfigError
+from geofl.server.coordinator import (
+    AddressInUseError,
+    RunResult,
+    join_check,
+    start_grpc_server,
+    watch_authorized_nodes,
+)
 from geofl.server.flower.app_dir import ConfigValue, FlowerApp
 from geofl.server.flower.config import FlowerRunConfig
 from geofl.server.flower.grid import GeoflGrid
@@ -113,7 +120,9 @@ class FlowerCoordinator:
             models=ModelStore(settings.server.chunk_bytes),
             upload_budget=MemoryBudget(settings.server.upload_buffer_bytes),
             max_message_bytes=settings.server.max_model_bytes,
+            join_check=join_check(settings.server),
         )
+        self._watcher: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ set-up
 
@@ -151,10 +160,13 @@ class FlowerCoordinator:
         self.run_id = self._state.run_id = self._create_run()
         try:
             self._server, self.port = await start_grpc_server(self._state, self.settings.server)
-        except AddressInUseError as exc:
+        except (AddressInUseError, ConfigError) as exc:
             with self.db.session() as session:
                 queries.finish_run(session, self.run_id, "failed", str(exc))
             raise
+        self._watcher = asyncio.create_task(
+            watch_authorized_nodes(self._state.join_check, self.registry, asyncio.Event())
+        )
         log.info(
             "serving Flower app %s (run %d) on port %d", self.app.fab_id, self.run_id, self.port
         )
@@ -299,6 +311,9 @@ class FlowerCoordinator:
 
     async def stop(self, grace: float = 1.0) -> None:
         """Stop serving and close the database."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.stop(grace)

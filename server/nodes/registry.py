@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -31,6 +31,8 @@ from geofl.server.nodes.outcomes import Outcome
 
 #: Settled task ids remembered, to tell a duplicate upload from an unknown task.
 _SETTLED_MEMORY = 100_000
+#: Model versions remembered per node as bases of difference downloads.
+_GIVEN_MEMORY = 8
 
 #: Secure-aggregation stages are tasks too; "message" tasks carry a Flower message (see
 #: :mod:`geofl.server.flower`).
@@ -162,8 +164,9 @@ class Registry:
         self._tasks: dict[int, TaskRecord] = {}
         #: Recently settled tasks, by id: their node (a late duplicate is told so).
         self._settled: OrderedDict[int, int] = OrderedDict()
-        #: The model versions each node was given a task on (what it may download).
-        self._given: dict[int, set[int]] = {}
+        #: The last model versions each node was given a task on (a difference download
+        #: may start from them); a few per node, so a long run's memory stays flat.
+        self._given: dict[int, deque[int]] = {}
         self._next_task_id = int(time.time() * 1000) << 8  # unique across restarts
         self.finished = asyncio.Event()
         self.shutdown_delivered: set[int] = set()
@@ -347,7 +350,9 @@ class Registry:
             spec=spec,
         )
         self._tasks[task.task_id] = task
-        self._given.setdefault(session.node_id, set()).add(model_version)
+        given = self._given.setdefault(session.node_id, deque(maxlen=_GIVEN_MEMORY))
+        if model_version not in given:
+            given.append(model_version)
         session.current = task
         if self._simulated is not None:
             self._simulated.deliver(session, task)

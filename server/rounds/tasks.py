@@ -101,9 +101,15 @@ class TaskRunner:
         self._changed.clear()
 
     async def wait_for_change(self, timeout: float | None) -> None:
-        """Until the registry changes (since :meth:`forget_changes`) or ``timeout``."""
+        """Until the registry changes (since :meth:`forget_changes`) or ``timeout``.
+
+        ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` swallows a
+        cancellation that arrives as the event is set (a node joining as SIGTERM cancels
+        the run), and the server went on waiting for clients instead of stopping.
+        """
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout=timeout)
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
 
     def change_waiter(self) -> asyncio.Future[Any]:
         """A future that completes at the next change; cancel it when done with it."""

@@ -6,6 +6,9 @@ the real ``geofl client`` command line, or raw gRPC stubs where a test plays an 
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -36,6 +39,7 @@ from geofl.storage import open_database
 from geofl.storage.models import Event, Node
 
 from .conftest import run_config
+from .processes import start_geofl, write_config
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -406,3 +410,52 @@ def test_a_relay_authenticates_upstream_and_downstream(
     assert local.tasks_done == 1
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         assert [(n.name, n.region) for n in session.scalars(select(Node))] == [("relay-a", "a")]
+
+
+def test_sighup_rereads_the_authorized_nodes(tmp_path: Path, keys: dict[str, Path]) -> None:
+    """An edit the change check cannot see (same size, same mtime) takes effect on SIGHUP."""
+    authorized = keys["authorized"]
+    (authorized / "node-1.node.yaml").unlink()
+    config = write_config(
+        tmp_path, schedule={"wait_for_clients_s": 60}, server={"auth": {"nodes": str(authorized)}}
+    )
+    server = start_geofl(tmp_path, "server", "-c", str(config))
+    try:
+        port = _port_of(server)
+        conn = Connection(f"127.0.0.1:{port}", node_key=keys["node-1"])
+        with pytest.raises(IdentityRefusedError):
+            conn.join("node-1", None, {}, timeout=5)
+        entry = authorized / "node-0.node.yaml"
+        before = entry.stat()
+        replacement = (tmp_path / "keys" / "node-1.node.yaml").read_text()
+        assert len(replacement) == before.st_size
+        entry.write_text(replacement)
+        os.utime(entry, ns=(before.st_atime_ns, before.st_mtime_ns))
+        server.send_signal(signal.SIGHUP)
+
+        def joined() -> bool:
+            try:
+                conn.join("node-1", None, {}, timeout=5)
+            except IdentityRefusedError:
+                return False
+            return True
+
+        _wait_for(joined, "node-1 could not join after SIGHUP")
+        conn.close()
+    finally:
+        server.terminate()
+        try:
+            output, _ = server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            output, _ = server.communicate(timeout=30)
+            raise AssertionError(f"the server did not stop on SIGTERM:\n{output}") from None
+    assert server.returncode == 130, output
+
+
+def _port_of(process: subprocess.Popen[str]) -> int:
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "listening on port" in line:
+            return int(line.rsplit("port", 1)[1].split()[0].strip(","))
+    raise AssertionError("the server never said where it listens")
