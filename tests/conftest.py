@@ -49,6 +49,12 @@ def _postgres_database() -> Iterator[str]:
         admin.dispose()
 
 
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """URL of an empty PostgreSQL database (not yet migrated), for PostgreSQL-only tests."""
+    yield from _postgres_database()
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """URL of an empty database on each backend (not yet migrated)."""

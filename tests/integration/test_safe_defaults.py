@@ -85,14 +85,13 @@ def _name(common: str) -> Any:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
+@pytest.mark.postgres
 def test_no_secret_in_any_log_line_of_a_real_run(
-    tmp_path: Path, database_url: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A keyed run on a password-bearing database URL, every logger at DEBUG, the server's
     own output too: no password, session token or private key shows anywhere."""
-    url = make_url(database_url)
-    if url.get_backend_name() != "postgresql":
-        pytest.skip("an SQLite URL carries no password")
+    url = make_url(postgres_url)  # an SQLite URL carries no password
     password = "pw-s3cr3t-9f2c"  # the fixture's server trusts local connections: any password
     secret_url = url.set(password=password).render_as_string(hide_password=False)
     private, _ = keys_new("node-0", tmp_path / "keys", None, force=False)
