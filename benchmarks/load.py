@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,7 @@ from geofl.storage import open_database, queries
 __all__ = ["main", "run_case"]
 
 HEARTBEAT_S = 5.0
+JOIN_ATTEMPTS = 5
 REAL_CLIENTS = 3
 
 
@@ -108,20 +110,29 @@ async def _crowd_node(
     port: int,
     name: str,
     key: Ed25519PrivateKey | None,
-    joined: asyncio.Queue[float],
+    joined: asyncio.Queue[float | None],
     stop: asyncio.Event,
     healthy: set[str],
+    failures: Counter[str],
 ) -> None:
     """One idle node; in ``healthy`` while its last heartbeat was answered."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
-        request = pb.JoinRequest(protocol_versions=[1], node_name=name)
-        request.node_config["pool"].string = "crowd"
-        if key is not None:
-            await _prove(stub, request, key)
-        reply = await stub.Join(request, timeout=120)
-        await joined.put(time.perf_counter() - t0)
+        reply = None
+        for _ in range(JOIN_ATTEMPTS):  # as geofl client retries a failed join
+            request = pb.JoinRequest(protocol_versions=[1], node_name=name)
+            request.node_config["pool"].string = "crowd"
+            try:
+                if key is not None:
+                    await _prove(stub, request, key)
+                reply = await stub.Join(request, timeout=120)
+                break
+            except grpc.aio.AioRpcError as error:
+                failures[f"{error.code().name}: {error.details()}"[:160]] += 1
+        await joined.put(time.perf_counter() - t0 if reply is not None else None)
+        if reply is None:
+            return
         healthy.add(name)
         metadata = ((SESSION_METADATA_KEY, reply.session_token),)
 
@@ -148,20 +159,24 @@ async def _crowd_node(
 
 
 async def _crowd(port: int, names: Sequence[str], keys: Path | None, status: Path) -> None:
-    joined: asyncio.Queue[float] = asyncio.Queue()
+    joined: asyncio.Queue[float | None] = asyncio.Queue()
     stop = asyncio.Event()
     healthy: set[str] = set()
+    failures: Counter[str] = Counter()
     nodes = len(names)
     signers = {
         n: identity.load_private_key(keys / f"{n}.key") if keys is not None else None for n in names
     }
     started = time.perf_counter()
     workers = [
-        asyncio.create_task(_crowd_node(port, n, signers[n], joined, stop, healthy)) for n in names
+        asyncio.create_task(_crowd_node(port, n, signers[n], joined, stop, healthy, failures))
+        for n in names
     ]
-    join_s = [await joined.get() for _ in range(nodes)]
-    report: dict[str, Any] = {"joined": nodes, "join_wall_s": time.perf_counter() - started}
+    outcomes = [await joined.get() for _ in range(nodes)]
+    join_s = [s for s in outcomes if s is not None]
+    report: dict[str, Any] = {"joined": len(join_s), "join_wall_s": time.perf_counter() - started}
     report["join_s"] = join_s
+    report["join_failures"] = dict(failures)
     stop_file = status.with_suffix(".stop")
     while not stop_file.exists():
         report["healthy"] = len(healthy)
@@ -284,8 +299,12 @@ def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[
 def _joins(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     join_s = [s for r in reports for s in r["join_s"]]
     wall = max(r["join_wall_s"] for r in reports)
+    failures: Counter[str] = Counter()
+    for report in reports:
+        failures.update(report["join_failures"])
     return {
         "joined": sum(r["joined"] for r in reports),
+        "join_failures": dict(failures),
         "join_ms_median": 1000 * statistics.median(join_s),
         "joins_per_s": len(join_s) / wall,
     }
