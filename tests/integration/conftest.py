@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import select
 
@@ -22,7 +23,7 @@ from geofl.client.runtime import ClientOptions, ClientRuntime
 from geofl.server.config import RunConfig, parse_config
 from geofl.server.coordinator import Coordinator, RunResult
 from geofl.server.simulation.links import LinkModel
-from geofl.storage import open_database
+from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 from geofl.storage.models import Node, Participation, Round, Run
 
 APPS = Path(__file__).parent / "apps"
@@ -103,18 +104,19 @@ class ServerHandle:
 
 
 @pytest.fixture
-def serve() -> Iterator[Any]:
-    """``serve(config)`` starts a coordinator in a thread; returns a :class:`ServerHandle`."""
+def serve_coordinator() -> Iterator[Any]:
+    """``serve_coordinator(make)``: the coordinator ``make()`` builds, started and run on its
+    own event loop in a thread (``make`` runs on that loop); returns a :class:`ServerHandle`."""
     loops: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
 
-    def start(config: RunConfig) -> ServerHandle:
+    def start(make: Callable[[], Any]) -> ServerHandle:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, daemon=True)
         thread.start()
         loops.append((loop, thread))
 
-        async def boot() -> tuple[Coordinator, int]:
-            coordinator = Coordinator(config)
+        async def boot() -> tuple[Any, int]:
+            coordinator = make()
             return coordinator, await coordinator.start()
 
         coordinator, port = asyncio.run_coroutine_threadsafe(boot(), loop).result(30)
@@ -126,6 +128,22 @@ def serve() -> Iterator[Any]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=10)
         loop.close()
+
+
+@pytest.fixture
+def serve(serve_coordinator: Any) -> Any:
+    """``serve(config)`` starts a coordinator in a thread; returns a :class:`ServerHandle`."""
+    return lambda config: serve_coordinator(lambda: Coordinator(config))
+
+
+def final_weights(config: RunConfig, run_id: int) -> dict[str, np.ndarray]:
+    """The weights of the run's latest checkpoint."""
+    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        row = queries.latest_checkpoint(session, run_id)
+        assert row is not None
+        record = CheckpointRecord.from_row(row)
+    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
+    return weights
 
 
 def run_rows(config: RunConfig) -> tuple[Run, list[Round], list[tuple[Participation, Node]]]:

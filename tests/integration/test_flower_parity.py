@@ -7,13 +7,10 @@ nodes connected when it starts, one that fails while its nodes work, one with a 
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import sys
-import threading
 import time
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +97,8 @@ def test_simulate_starts_the_serverapp_once_every_node_joined(tmp_path: Path) ->
 
 
 @pytest.fixture
-def serve_app(tmp_path: Path) -> Iterator[Any]:
+def serve_app(tmp_path: Path, serve_coordinator: Any) -> Any:
     """``serve_app(serverapp, *overrides)``: the parity app's coordinator in a thread."""
-    loops: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
 
     def start(serverapp: str, *overrides: str) -> ServerHandle:
         app = load_app_dir(_app(tmp_path, serverapp))
@@ -118,24 +114,11 @@ def serve_app(tmp_path: Path) -> Iterator[Any]:
                 *overrides,
             ],
         )
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        loops.append((loop, thread))
+        return serve_coordinator(
+            lambda: FlowerCoordinator(app, load_server_app(app), app.config, settings)
+        )
 
-        async def boot() -> tuple[FlowerCoordinator, int]:
-            coordinator = FlowerCoordinator(app, load_server_app(app), app.config, settings)
-            return coordinator, await coordinator.start()
-
-        coordinator, port = asyncio.run_coroutine_threadsafe(boot(), loop).result(30)
-        result = asyncio.run_coroutine_threadsafe(coordinator.run(), loop)
-        return ServerHandle(coordinator, port, result)  # type: ignore[arg-type]
-
-    yield start
-    for loop, thread in loops:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    return start
 
 
 def test_a_deployment_waits_for_min_nodes_before_the_serverapp_starts(

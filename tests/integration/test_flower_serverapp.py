@@ -7,12 +7,9 @@ The app directory ``apps/flower_app_dir`` runs through ``geofl simulate --flower
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import shutil
-import threading
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,15 +54,10 @@ def _settings(tmp_path: Path) -> Any:
 
 
 @pytest.fixture
-def serve_flower(tmp_path: Path) -> Iterator[Any]:
+def serve_flower(tmp_path: Path, serve_coordinator: Any) -> Any:
     """``serve_flower(serverapp_name, run_config)``: a FlowerCoordinator in a thread."""
-    loops: list[tuple[asyncio.AbstractEventLoop, threading.Thread]] = []
 
     def start(serverapp: str, run_config: dict[str, Any]) -> ServerHandle:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        loops.append((loop, thread))
         app = FlowerApp(
             root=tmp_path,
             name="itest-flower",
@@ -76,22 +68,13 @@ def serve_flower(tmp_path: Path) -> Iterator[Any]:
             config=dict(run_config),
             num_supernodes=None,
         )
-
-        async def boot() -> tuple[FlowerCoordinator, int]:
-            coordinator = FlowerCoordinator(
+        return serve_coordinator(
+            lambda: FlowerCoordinator(
                 app, getattr(_apps(), serverapp), run_config, _settings(tmp_path)
             )
-            return coordinator, await coordinator.start()
+        )
 
-        coordinator, port = asyncio.run_coroutine_threadsafe(boot(), loop).result(30)
-        result = asyncio.run_coroutine_threadsafe(coordinator.run(), loop)
-        return ServerHandle(coordinator, port, result)  # type: ignore[arg-type]
-
-    yield start
-    for loop, thread in loops:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
+    return start
 
 
 def _detail(tmp_path: Path, run_id: int, db: str = "geofl.db") -> Any:

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from geofl.client.connection import Connection
 from geofl.protocols.errors import GeoflError
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
+from geofl.storage import open_database, queries
 
-from .conftest import ServerHandle, run_config
+from .conftest import ServerHandle, final_weights, run_config
 from .fuzzing import RawPeer, Tally, hostile_upload, valid_header, wire_bytes
 
 CAMPAIGN = int(os.environ.get("GEOFL_FUZZ_EXAMPLES", "0"))
@@ -212,15 +212,6 @@ class Mallory:
         self.conn.close()
 
 
-def _final_weights(config: Any, run_id: int) -> dict[str, np.ndarray]:
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        row = queries.latest_checkpoint(session, run_id)
-        assert row is not None
-        record = CheckpointRecord.from_row(row)
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return weights
-
-
 def test_rounds_stay_exact_while_a_participant_sends_hostile_uploads(
     tmp_path: Path, serve: Any
 ) -> None:
@@ -275,7 +266,7 @@ def test_rounds_stay_exact_while_a_participant_sends_hostile_uploads(
     expected = sum(
         50.0 / (30.0 + weight_by_round.get(r, 0)) for r in range(1, config.run.rounds + 1)
     )
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     assert all(np.isfinite(v).all() for v in weights.values())
     np.testing.assert_allclose(weights["w"], np.full((4, 3), expected), rtol=1e-5)
     np.testing.assert_allclose(weights["b"], np.full(3, expected), rtol=1e-5)

@@ -8,23 +8,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
+from geofl.storage import open_database, queries
 
-from .conftest import run_config
+from .conftest import final_weights, run_config
 
 
 def _detail(config: Any, run_id: int) -> Any:
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         return queries.run_detail(session, run_id)
-
-
-def _final_weights(config: Any, run_id: int) -> dict[str, np.ndarray]:
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        row = queries.latest_checkpoint(session, run_id)
-        assert row is not None
-        record = CheckpointRecord.from_row(row)
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return weights
 
 
 def test_fedavg_rounds_aggregate_exactly_and_are_recorded(
@@ -39,7 +30,7 @@ def test_fedavg_rounds_aggregate_exactly_and_are_recorded(
     assert result.status == "completed"
     # Each round adds the example-weighted mean of 1, 2, 3 with weights 10, 20, 30.
     step = (10 * 1 + 20 * 2 + 30 * 3) / 60
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     np.testing.assert_allclose(weights["w"], np.full((4, 3), 2 * step, np.float32), rtol=1e-6)
     assert int(weights["steps"]) == 2
     detail = _detail(config, result.run_id)
@@ -78,7 +69,7 @@ def test_failing_and_mismatched_clients_are_recorded_and_the_round_goes_on(
     assert "w: float32[4, 3]" in (by_node["node-3"].reason or "")
     # Only the two good clients (1 and 2 added, weights 10 and 20) moved the model.
     step = (10 * 1 + 20 * 2) / 30
-    np.testing.assert_allclose(_final_weights(config, result.run_id)["b"], 2 * step, rtol=1e-6)
+    np.testing.assert_allclose(final_weights(config, result.run_id)["b"], 2 * step, rtol=1e-6)
 
 
 def test_round_fails_cleanly_below_min_clients(tmp_path: Path, serve: Any) -> None:
@@ -124,7 +115,7 @@ def test_model_larger_than_grpc_message_limit_streams_in_chunks(tmp_path: Path, 
     server.add_client(0, app="geofl_testapp:shift_app")
     server.add_client(1, app="geofl_testapp:shift_app")
     result = server.wait()
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     np.testing.assert_array_equal(weights["big"], np.full(6_000_000, 1.5, np.float32))
     detail = _detail(config, result.run_id)
     fits = [p for p in detail.participations if p.kind == "fit"]
@@ -144,7 +135,7 @@ def test_uploads_spilled_to_disk_aggregate_the_same(tmp_path: Path, serve: Any) 
     server.add_client(0, app="geofl_testapp:shift_app")
     server.add_client(1, app="geofl_testapp:shift_app")
     result = server.wait()
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     np.testing.assert_array_equal(weights["big"], np.full(6_000_000, 3.0, np.float32))
     assert server.coordinator._state.upload_budget.peak == 0
 
