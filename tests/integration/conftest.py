@@ -136,14 +136,16 @@ def serve(serve_coordinator: Any) -> Any:
     return lambda config: serve_coordinator(lambda: Coordinator(config))
 
 
-def final_weights(config: RunConfig, run_id: int) -> dict[str, np.ndarray]:
-    """The weights of the run's latest checkpoint."""
+def final_weights(config: RunConfig, run_id: int | None = None) -> dict[str, np.ndarray]:
+    """The latest checkpoint's weights; without ``run_id``, of the database's only run."""
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
+        if run_id is None:
+            run_id = session.scalars(select(Run.id)).one()
         row = queries.latest_checkpoint(session, run_id)
         assert row is not None
         record = CheckpointRecord.from_row(row)
     weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return weights
+    return dict(weights)
 
 
 def run_rows(config: RunConfig) -> tuple[Run, list[Round], list[tuple[Participation, Node]]]:

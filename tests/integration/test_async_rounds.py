@@ -37,10 +37,10 @@ from geofl.server.rounds.secure import SecureSettings
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.server.strategies import make_strategy
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
+from geofl.storage import open_database, queries
 from geofl.storage.reports import ParticipationRecord, RunDetail
 
-from .conftest import ServerHandle, run_config
+from .conftest import ServerHandle, final_weights, run_config
 from .test_relay import REGIONS, RegionHandle, coordinator_config, region  # noqa: F401
 
 NEAR = {"share": 0.5, "rtt_ms": 2, "jitter_ms": 1, "up_mbps": 100, "down_mbps": 100}
@@ -84,16 +84,6 @@ def _detail(config: RunConfig) -> RunDetail:
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         run_id = queries.list_runs(session)[0].id
         return queries.run_detail(session, run_id)
-
-
-def _final_weights(config: RunConfig) -> dict[str, np.ndarray]:
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        run_id = queries.list_runs(session)[0].id
-        row = queries.latest_checkpoint(session, run_id)
-        assert row is not None
-        record = CheckpointRecord.from_row(row)
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return dict(weights)
 
 
 def _fits(detail: RunDetail, number: int | None = None) -> list[ParticipationRecord]:
@@ -252,7 +242,7 @@ def test_every_k_arrivals_apply_the_staleness_discounted_mean(tmp_path: Path) ->
     stale = {p.node_region for p in judged if p.metrics[STALENESS_METRIC] > 0}
     assert "far" in stale  # the slow region's updates were discounted
     expected = _expected_model(detail, _sim_shift, lambda p: 100.0, StalenessConfig(**staleness))
-    np.testing.assert_allclose(_final_weights(config)["w"], expected, rtol=1e-6)
+    np.testing.assert_allclose(final_weights(config)["w"], expected, rtol=1e-6)
     # Only the last version's outstanding tasks were cut short.
     cut = [p for p in _fits(detail) if p.status == "dropped"]
     assert cut and all(p.round_number == 8 and "last version" in (p.reason or "") for p in cut)
@@ -278,7 +268,7 @@ def test_updates_past_the_staleness_bound_are_late_and_not_applied(tmp_path: Pat
     assert len(near) == 15 and all(p.metrics[STALENESS_METRIC] == 0 for p in near)
     # Only the near client moved the model: 15 versions of its shift, undiscounted.
     np.testing.assert_array_equal(
-        _final_weights(config)["w"], np.full((4, 3), 15 * _sim_shift(near[0]), np.float32)
+        final_weights(config)["w"], np.full((4, 3), 15 * _sim_shift(near[0]), np.float32)
     )
 
 
@@ -384,7 +374,7 @@ def test_a_coordinator_that_died_resumes_after_its_last_committed_version(
     detail = _detail(config)
     assert [(r.number, r.status) for r in detail.rounds] == [(n, "committed") for n in range(1, 6)]
     expected = _expected_model(detail, _sim_shift, lambda p: 100.0, StalenessConfig(max=50))
-    np.testing.assert_allclose(_final_weights(config)["w"], expected, rtol=1e-6)
+    np.testing.assert_allclose(final_weights(config)["w"], expected, rtol=1e-6)
 
 
 # ------------------------------------------------------------------ real gRPC
@@ -410,7 +400,7 @@ def test_buffers_over_grpc_apply_the_discounted_mean(tmp_path: Path, serve: Any)
     # evaluation.every: 0 -> the server evaluates the last version only.
     assert [r.server_eval_loss is not None for r in detail.rounds] == [False, False, True]
     expected = _expected_model(detail, _grpc_shift, _grpc_examples, StalenessConfig(**staleness))
-    np.testing.assert_allclose(_final_weights(config)["w"], expected, rtol=1e-6)
+    np.testing.assert_allclose(final_weights(config)["w"], expected, rtol=1e-6)
     assert {p.status for p in _fits(detail)} <= {"ok", "dropped"}
     # Every settled task fed the link estimator, whose estimates were recorded per version.
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
@@ -507,7 +497,7 @@ def test_secure_aggregation_runs_over_the_buffer_in_groups(tmp_path: Path, serve
         assert len({p.metrics[STALENESS_METRIC] for p in group}) == 1
     expected = _expected_model(detail, _grpc_shift, _grpc_examples, StalenessConfig(**staleness))
     # The masked sum is quantized in the ring: each coordinate within a few steps.
-    np.testing.assert_allclose(_final_weights(config)["w"], expected, atol=1e-5)
+    np.testing.assert_allclose(final_weights(config)["w"], expected, atol=1e-5)
 
 
 def test_relays_take_part_as_ordinary_nodes(
@@ -535,9 +525,7 @@ def test_relays_take_part_as_ordinary_nodes(
     regional = {"relay-a": 5 / 2, "relay-b": 55 / 8}
     expected = sum(regional[p.node_name] for p in applied)
     assert math.isclose(expected * 8, round(expected * 8))
-    np.testing.assert_array_equal(
-        _final_weights(config)["w"], np.full((4, 3), expected, np.float32)
-    )
+    np.testing.assert_array_equal(final_weights(config)["w"], np.full((4, 3), expected, np.float32))
 
 
 def test_a_client_whose_every_arrival_is_stale_still_has_its_link_recorded(

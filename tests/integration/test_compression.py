@@ -16,9 +16,9 @@ from geofl.protocols.tensors import EncodedTensor
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.storage import open_database, queries
 
-from .conftest import run_config
+from .conftest import final_weights, run_config
 from .test_bad_input import _header, _raw_client
-from .test_rounds import _detail, _final_weights
+from .test_rounds import _detail
 
 
 def test_quantized_uploads_with_error_feedback(tmp_path: Path, serve: Any) -> None:
@@ -41,7 +41,7 @@ def test_quantized_uploads_with_error_feedback(tmp_path: Path, serve: Any) -> No
         assert r.bytes_up < 0.27 * r.bytes_up_raw
         assert r.bytes_up_raw > 2 * 24_000_000
     # Each client adds 1 or 2 per round: 1.5 per round on average, within 8-bit error.
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     np.testing.assert_allclose(weights["big"], 4.5, atol=0.05)
     assert abs(float(weights["big"].mean()) - 4.5) < 1e-3  # unbiased rounding
 
@@ -82,7 +82,7 @@ def test_compressed_broadcasts_are_exact_differences(tmp_path: Path, serve: Any)
             for name in held:
                 np.testing.assert_array_equal(held[name], view[name])
     # The server's model stays exact: 1.5 per round from exact client deltas.
-    np.testing.assert_allclose(_final_weights(config, result.run_id)["big"], 4.5, atol=2e-3)
+    np.testing.assert_allclose(final_weights(config, result.run_id)["big"], 4.5, atol=2e-3)
 
 
 def test_undecodable_payload_is_rejected_and_recorded(tmp_path: Path, serve: Any) -> None:

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from geofl.server.config import parse_config
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
+from geofl.storage import open_database, queries
 
-from .conftest import run_config
+from .conftest import final_weights, run_config
 from .processes import run_geofl, write_config
 
 with warnings.catch_warnings():  # flwr's import chain trips deprecation warnings (click)
@@ -36,15 +36,6 @@ STEP = (10 * 1 + 20 * 2 + 30 * 3) / 60
 def _detail(config: Any, run_id: int) -> Any:
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         return queries.run_detail(session, run_id)
-
-
-def _final_weights(config: Any, run_id: int) -> dict[str, np.ndarray]:
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        row = queries.latest_checkpoint(session, run_id)
-        assert row is not None
-        record = CheckpointRecord.from_row(row)
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return weights
 
 
 def _numpy_run(tmp_path: Path, **sections: Any) -> Any:
@@ -69,7 +60,7 @@ def test_legacy_numpy_client_aggregates_exactly(tmp_path: Path, serve: Any, app:
         server.add_client(partition, app=app)
     result = server.wait()
     assert result.status == "completed"
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     # "w" is the first array (shift x1), "b" the second (shift x2).
     np.testing.assert_allclose(weights["w"], np.full((4, 3), 2 * STEP, np.float32), rtol=1e-6)
     np.testing.assert_allclose(weights["b"], np.full(3, 4 * STEP, np.float32), rtol=1e-6)
@@ -103,7 +94,7 @@ def test_message_api_state_persists_and_a_raising_handler_is_a_client_error(
     assert [p.status for p in failed] == ["failed"] * 3
     assert all("deliberate failure in a Flower train handler" in (p.reason or "") for p in failed)
     # Only nodes 0 and 1 (10 and 20 examples, each +1 per round) moved the model.
-    np.testing.assert_allclose(_final_weights(config, result.run_id)["w"], 3.0, rtol=1e-6)
+    np.testing.assert_allclose(final_weights(config, result.run_id)["w"], 3.0, rtol=1e-6)
     evals = [p for p in detail.participations if p.kind == "evaluate"]
     assert evals and all(p.status == "ok" for p in evals)
     assert [r.eval_loss for r in detail.rounds] == pytest.approx([1.0, 2.0, 3.0])
@@ -117,7 +108,7 @@ def test_local_dp_mod_clips_the_update_the_server_receives(tmp_path: Path, serve
         server.add_client(partition, app="flower_apps:dp_app")
     result = server.wait()
     assert result.status == "completed"
-    weights = _final_weights(config, result.run_id)
+    weights = final_weights(config, result.run_id)
     flat = np.concatenate([weights["w"].ravel(), weights["b"].ravel()])
     # Every clipped update is the same vector of norm 1, so two rounds move the model by 2.
     assert np.linalg.norm(flat) == pytest.approx(2.0, rel=1e-5)
@@ -170,7 +161,7 @@ def test_quickstart_pytorch_clientapp_trains_on_fashion_mnist(
     assert second < first  # the aggregated Flower updates are training the model
     assert detail.rounds[-1].eval_metrics["eval_acc"] > 0.2  # chance is 0.1
     initial = flower_quickstart.make_model()
-    final = _final_weights(config, result.run_id)
+    final = final_weights(config, result.run_id)
     assert list(final) == list(initial)
     assert not np.allclose(final["fc2.weight"], initial["fc2.weight"])
 

@@ -24,9 +24,9 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config import ConfigError, RunConfig
 from geofl.server.simulation.links import LinkModel
 from geofl.server.simulation.virtual import run_virtual_simulation
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
-from geofl.storage.models import Node, Participation, Round, Run
-from tests.integration.conftest import run_config
+from geofl.storage import open_database, queries
+from geofl.storage.models import Node, Participation, Round
+from tests.integration.conftest import final_weights, run_config
 
 LOCAL_STEPS = 4
 # tail_segments(4, 2, tail_steps=2): two segments of two steps each.
@@ -95,15 +95,6 @@ def _fits(config: RunConfig) -> list[tuple[Participation, Node, int]]:
     return fits
 
 
-def _final_weights(config: RunConfig) -> dict[str, np.ndarray]:
-    with open_database(config.storage.url) as db, db.session() as session:
-        row = queries.latest_checkpoint(session, session.scalars(select(Run.id)).one())
-        assert row is not None
-        record = CheckpointRecord.from_row(row)
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(record)
-    return dict(weights)
-
-
 def _detail(config: RunConfig, run_id: int) -> Any:
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         return queries.run_detail(session, run_id)
@@ -154,7 +145,7 @@ def test_groups_sent_early_carry_their_segment_and_the_rest_follows_next_round(
     rates = np.array([1.0, 2.0, 3.0, 4.0])
     one_round = _virtual(tmp_path / "planned", rounds=1)
     run_virtual_simulation(one_round)
-    weights = _final_weights(one_round)
+    weights = final_weights(one_round)
     # Planned groups [w], [b, steps]; equal examples (40 each), so the plain mean of rates.
     np.testing.assert_array_equal(weights["w"], np.full((4, 3), rates.mean() * SEGMENTS[0]))
     np.testing.assert_array_equal(weights["b"], np.full(3, rates.mean() * LOCAL_STEPS))
@@ -163,7 +154,7 @@ def test_groups_sent_early_carry_their_segment_and_the_rest_follows_next_round(
 
     two_rounds = _virtual(tmp_path / "explicit", rounds=2, groups=EXPLICIT_GROUPS)
     run_virtual_simulation(two_rounds)
-    weights = _final_weights(two_rounds)
+    weights = final_weights(two_rounds)
     # Round 2's w delta is its first segment plus round 1's unsent last segment (kept).
     first_w = rates.mean() * SEGMENTS[0]
     second_w = rates.mean() * (SEGMENTS[0] + SEGMENTS[1])
@@ -195,7 +186,7 @@ def test_partial_sync_rounds_over_grpc_keep_the_unsent_progress(tmp_path: Path, 
     result = server.wait()
     assert result.status == "completed"
     mean_rate = (1.0 + 2.0 + 3.0) / 3
-    weights = _final_weights(config)
+    weights = final_weights(config)
     w_expected = mean_rate * SEGMENTS[0] + mean_rate * LOCAL_STEPS
     np.testing.assert_array_equal(weights["w"], np.full((4, 3), w_expected, np.float32))
     np.testing.assert_array_equal(weights["b"], np.full(3, 2 * mean_rate * LOCAL_STEPS))
@@ -223,7 +214,7 @@ def test_a_client_failing_mid_round_over_grpc_is_a_failed_fit(tmp_path: Path, se
     assert [p.status for p in fits] == ["failed", "ok", "ok"]
     assert "deliberate failure in the second segment" in (fits[0].reason or "")
     # Only the two honest clients (rates 1 and 2, equal examples) made the model.
-    weights = _final_weights(config)
+    weights = final_weights(config)
     np.testing.assert_array_equal(weights["b"], np.full(3, 1.5 * LOCAL_STEPS, np.float32))
 
 
@@ -306,5 +297,5 @@ def test_servicer_refuses_uploads_without_trailer_or_out_of_group_order(
     assert by_node["node-3"].status == "rejected"
     assert "expected w: float32[4, 3]" in (by_node["node-3"].reason or "")
     # Only the honest clients (rates 1 and 2) moved the model.
-    weights = _final_weights(config)
+    weights = final_weights(config)
     np.testing.assert_array_equal(weights["b"], np.full(3, 1.5 * LOCAL_STEPS, np.float32))

@@ -14,14 +14,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from sqlalchemy import select
 
 from geofl.server.config import ConfigError, RunConfig
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import VirtualRun, run_virtual_simulation
-from geofl.storage import CheckpointRecord, CheckpointStore, open_database
-from geofl.storage.models import Participation, Round, Run
-from tests.integration.conftest import link_model, run_config, run_rows
+from geofl.storage.models import Participation, Round
+from tests.integration.conftest import final_weights, link_model, run_config, run_rows
 
 REGIONS = {
     "near": {"share": 0.5, "rtt_ms": 20, "up_mbps": 8, "down_mbps": 40},
@@ -49,20 +47,6 @@ def _virtual(tmp_path: Path, **overrides: Any) -> RunConfig:
     }
     sections.update(overrides)
     return run_config(tmp_path, **sections)
-
-
-def _final_weights(config: RunConfig) -> dict[str, np.ndarray]:
-    db = open_database(config.storage.url)
-    try:
-        with db.session() as session:
-            from geofl.storage import queries
-
-            run_id = session.scalars(select(Run.id)).one()
-            checkpoint = CheckpointRecord.from_row(queries.latest_checkpoint(session, run_id))
-    finally:
-        db.close()
-    weights, _ = CheckpointStore(Path(config.storage.checkpoints)).load(checkpoint)
-    return dict(weights)
 
 
 def test_durations_follow_the_link_model_exactly(tmp_path: Path) -> None:
@@ -100,7 +84,7 @@ def _round_of(participation: Participation, rounds: list[Round]) -> int:
 def test_aggregate_equals_fedavg_of_the_clients(tmp_path: Path) -> None:
     config = _virtual(tmp_path, run={"name": "itest", "rounds": 1, "seed": 1})
     run_virtual_simulation(config)
-    weights = _final_weights(config)
+    weights = final_weights(config)
     # Every client adds 1 + index with equal weight: the mean shift is 1 + mean(0..7) = 4.5.
     assert np.allclose(weights["w"], 4.5)
 
@@ -131,7 +115,7 @@ def test_failures_and_nan_updates_are_recorded_not_applied(tmp_path: Path) -> No
     assert by_client["sim-1"].status == "rejected"
     assert "NaN" in (by_client["sim-1"].reason or "")
     # The other six (shifts 3..8) are averaged: 5.5.
-    assert np.allclose(_final_weights(config)["w"], 5.5)
+    assert np.allclose(final_weights(config)["w"], 5.5)
 
 
 def test_availability_trace_drops_clients_mid_round(tmp_path: Path) -> None:
@@ -166,7 +150,7 @@ def test_worker_processes_give_the_same_run_as_in_process(tmp_path: Path) -> Non
     first: VirtualRun = run_virtual_simulation(inline)
     second: VirtualRun = run_virtual_simulation(processes)
     assert first.simulated_s == pytest.approx(second.simulated_s, abs=1e-9)
-    assert np.array_equal(_final_weights(inline)["w"], _final_weights(processes)["w"])
+    assert np.array_equal(final_weights(inline)["w"], final_weights(processes)["w"])
     assert first.stats.bytes_up == second.stats.bytes_up
 
 
