@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from sqlalchemy.orm import Session
 
 from geofl.protocols.errors import GeoflError
 from geofl.protocols.tensors import model_bytes, spec_of
@@ -26,6 +27,7 @@ from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
+from geofl.server.lifecycle import RoundEvents, StopSwitch, choose_run, final_status
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.staging import DurableUploads, ResumedUpdate
@@ -46,7 +48,14 @@ from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
 from geofl.server.transport.guard import Rejections, RpcGuard
-from geofl.storage import CheckpointRecord, CheckpointStore, Database, open_database, queries
+from geofl.storage import (
+    CheckpointRecord,
+    CheckpointStore,
+    Database,
+    RunStatus,
+    open_database,
+    queries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -277,16 +286,20 @@ class Coordinator:
         observers: Sequence[RoundObserver] = (),
         clock: Clock = WALL_CLOCK,
         listen: bool = True,
+        new_run: bool = False,
     ) -> None:
         """``observers`` hear of every round after the database recorder has written it.
 
         ``listen=False`` serves no gRPC: the clients are simulated in process (they
-        attach to :attr:`registry`).
+        attach to :attr:`registry`). ``new_run`` starts a new run even when ``run.name``
+        is taken by an ended one (else that is an error: see :mod:`geofl.server.lifecycle`).
         """
         self.config = config
         self.clock = clock
         self._listen = listen
+        self._new_run = new_run
         self._observers = list(observers)
+        self.stop_switch = StopSwitch()
         self.db: Database = open_database(config.storage.url, retry_s=config.storage.retry_s)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
@@ -349,7 +362,7 @@ class Coordinator:
     def _resume_or_create(self) -> tuple[Weights, int, int]:
         cfg = self.config
         with self.db.session() as session:
-            run = queries.find_resumable_run(session, cfg.run.name, cfg.config_sha256())
+            run = choose_run(session, cfg.run.name, cfg.config_sha256(), new_run=self._new_run)
             if run is None:
                 weights = load_initial_weights(cfg.model)
                 self._check_layer_sync(weights)  # before the run is recorded
@@ -361,10 +374,24 @@ class Coordinator:
                     simulated_clock=self.clock.simulated,
                     now=self.clock.now(),
                 )
+                queries.add_event(
+                    session,
+                    "run.started",
+                    f"run '{cfg.run.name}' started",
+                    run_id=run.id,
+                    now=self.clock.now(),
+                )
                 return weights, run.id, 1
             run_id, last = run.id, run.last_committed_round
             checkpoint = queries.latest_checkpoint(session, run_id)
-            queries.add_event(session, "run.resumed", f"resuming after round {last}", run_id=run_id)
+            queries.reopen_run(session, run_id, now=self.clock.now())
+            queries.add_event(
+                session,
+                "run.resumed",
+                f"resuming after round {last}",
+                run_id=run_id,
+                now=self.clock.now(),
+            )
         if checkpoint is None:
             return load_initial_weights(cfg.model), run_id, 1
         weights, state = self.store.load(CheckpointRecord.from_row(checkpoint))
@@ -454,19 +481,56 @@ class Coordinator:
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
-        status, error = "completed", None
+        status: RunStatus | None = None
+        error: str | None = None
         try:
             await engine.run()
         except NoClientsError as exc:
-            status, error = "failed", str(exc)
+            status, error = RunStatus.FAILED, str(exc)
+        except asyncio.CancelledError:  # SIGINT/SIGTERM: resumable
+            self._record_end(RunStatus.INTERRUPTED, "interrupted (SIGINT/SIGTERM)")
+            raise
+        except Exception as exc:  # a crash: resumable once its cause is fixed, as after a kill
+            with contextlib.suppress(Exception):  # the database may be what failed
+                self._record_end(RunStatus.INTERRUPTED, f"crashed: {type(exc).__name__}: {exc}")
+            raise
         finally:
             reaper.cancel()
+        if status is None:
+            status, error = final_status(self._committed_rounds(), self.stop_switch.reason)
+        self._record_end(status, error)
+        await self._shutdown_clients()
+        return RunResult(self.run_id, status.value, resumed, self.config.storage.url, error)
+
+    def request_stop(self, reason: str) -> bool:
+        """Stop the run after its current round (``geofl runs stop``): it ends
+        ``cancelled``, its clients are told. Whether this was the first request."""
+        first = self.stop_switch.request(reason)
+        if first:
+            log.warning("run %d: stop requested (%s)", self.run_id, reason)
+            self._add_event("run.stop_requested", f"stop requested: {reason}")
+        return first
+
+    def _committed_rounds(self) -> int:
+        with self.db.session() as session:
+            return queries.get_run(session, self.run_id).last_committed_round
+
+    def _record_end(self, status: RunStatus, error: str | None) -> None:
+        """The run's final (or interrupted) status and a ``run.<status>`` event."""
+        now = self.clock.now()
+
+        def write(session: Session) -> None:
+            queries.finish_run(session, self.run_id, status, error, now=now)
+            message = status.value + (f": {error}" if error else "")
+            queries.add_event(session, f"run.{status.value}", message, run_id=self.run_id, now=now)
+
+        self.db.transact(write)
+
+    def _add_event(self, kind: str, message: str) -> None:
         now = self.clock.now()
         self.db.transact(
-            lambda session: queries.finish_run(session, self.run_id, status, error, now=now)
+            lambda session: queries.add_event(session, kind, message, run_id=self.run_id, now=now)
         )
-        await self._shutdown_clients()
-        return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
 
     def _engine_parts(self) -> EngineParts:
         """The engine's parts: this run's registry, strategy, models and observers."""
@@ -482,7 +546,14 @@ class Coordinator:
             registry=self.registry,
             strategy=self.strategy,
             models=self._state.models,
-            observer=Observers([recorder, StagedUpdatesCleaner(self.uploads), *self._observers]),
+            observer=Observers(
+                [
+                    recorder,
+                    StagedUpdatesCleaner(self.uploads),
+                    RoundEvents(self.db, self.run_id, self.clock),
+                    *self._observers,
+                ]
+            ),
             start_round=self.start_round,
             weights=self.weights,
             clock=self.clock,
@@ -493,6 +564,7 @@ class Coordinator:
             secure=SecureSettings.from_config(config.secure_aggregation, self.run_id),
             scheduler=self._scheduler(),
             resumed=self._resumed,
+            stop_requested=self.stop_switch.requested,
         )
 
     def _scheduler(self) -> Scheduler:

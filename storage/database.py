@@ -379,6 +379,37 @@ def _on_connection(target: str | Database, action: Callable[[Connection], _T]) -
             database.close()
 
 
+def _migrating(target: str | Database, action: Callable[[Connection], None]) -> None:
+    """Run a migration in one transaction; on SQLite with foreign keys off meanwhile.
+
+    SQLite alters a constraint by rebuilding the table (Alembic's batch mode): the old
+    table is dropped, and with foreign keys on, dropping ``runs`` would cascade to every
+    row that refers to it. SQLite's own procedure for such changes turns them off
+    outside the transaction (inside it the pragma is a no-op), checks the references
+    before committing, and turns them on again.
+    """
+    database = target if isinstance(target, Database) else open_database(target, migrate=False)
+    try:
+        with database.engine.connect() as connection:
+            sqlite = connection.dialect.name == "sqlite"
+            raw = connection.connection.dbapi_connection
+            if sqlite and raw is not None:
+                raw.execute("PRAGMA foreign_keys = OFF")  # before BEGIN: not yet begun
+            try:
+                with connection.begin():
+                    action(connection)
+                    if sqlite:
+                        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").first()
+                        if broken is not None:
+                            raise StorageError(f"migration broke a reference: {tuple(broken)}")
+            finally:
+                if sqlite and raw is not None:
+                    raw.execute("PRAGMA foreign_keys = ON")
+    finally:
+        if database is not target:
+            database.close()
+
+
 def upgrade(target: str | Database, revision: str = "head") -> None:
     """Apply migrations up to ``revision`` (default: the newest) in one transaction.
 
@@ -387,12 +418,12 @@ def upgrade(target: str | Database, revision: str = "head") -> None:
     StorageError
         The database was migrated by a newer geofl (its revision is unknown here).
     """
-    _on_connection(target, lambda conn: _migrate(conn, command.upgrade, revision))
+    _migrating(target, lambda conn: _migrate(conn, command.upgrade, revision))
 
 
 def downgrade(target: str | Database, revision: str) -> None:
     """Revert migrations down to ``revision`` (``"base"`` removes every table)."""
-    _on_connection(target, lambda conn: _migrate(conn, command.downgrade, revision))
+    _migrating(target, lambda conn: _migrate(conn, command.downgrade, revision))
 
 
 def _migrate(connection: Connection, step: Callable[[Config, str], None], revision: str) -> None:

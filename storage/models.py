@@ -64,11 +64,24 @@ NAMING_CONVENTION = {
 
 
 class RunStatus(StrEnum):
-    """Life cycle of a run."""
+    """Life cycle of a run: ``running`` until it ends one of four ways.
+
+    ``completed``: its rounds ran and at least one committed; ``failed``: no round
+    committed, or an error ended it; ``cancelled``: an operator stopped it (``geofl runs
+    stop``); ``interrupted``: SIGINT/SIGTERM stopped the coordinator, and the run resumes
+    when it is started again (as a ``running`` run left by a crash does).
+    """
 
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a coordinator started on the same configuration carries this run on."""
+        return self in (RunStatus.RUNNING, RunStatus.INTERRUPTED)
 
 
 class NodeStatus(StrEnum):

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from geofl.storage.errors import RecordNotFoundError
+from geofl.storage.errors import RecordNotFoundError, RoundStateError
 from geofl.storage.models import Event, Node, NodeStatus, Run, RunStatus
 from geofl.storage.reports import get_run
 from geofl.storage.values import aware_now as _now
@@ -25,8 +25,10 @@ __all__ = [
     "create_run",
     "find_resumable_run",
     "finish_run",
+    "latest_run_named",
     "mark_node",
     "mark_run_nodes",
+    "reopen_run",
     "upsert_node",
 ]
 
@@ -71,22 +73,49 @@ def create_run(
 
 
 def find_resumable_run(session: Session, name: str, config_sha256: str) -> Run | None:
-    """The newest run named ``name`` that is still ``running`` with this config digest.
+    """The newest run named ``name`` that is resumable (``running`` or ``interrupted``)
+    with this config digest.
 
     A coordinator restarted with the same YAML resumes it; with a changed config
-    (another digest) nothing is found and the caller starts a new run.
+    (another digest) nothing is found.
     """
     statement = (
         select(Run)
         .where(
             Run.name == name,
-            Run.status == RunStatus.RUNNING.value,
+            Run.status.in_([s.value for s in RunStatus if s.resumable]),
             Run.config_sha256 == config_sha256,
         )
         .order_by(Run.id.desc())
         .limit(1)
     )
     return session.scalars(statement).first()
+
+
+def latest_run_named(session: Session, name: str) -> Run | None:
+    """The newest run named ``name``, whatever its status (``None``: the name is free)."""
+    statement = select(Run).where(Run.name == name).order_by(Run.id.desc()).limit(1)
+    return session.scalars(statement).first()
+
+
+def reopen_run(session: Session, run_id: int, *, now: datetime | None = None) -> Run:
+    """Set a resumable run back to ``running`` as a coordinator carries it on.
+
+    Raises
+    ------
+    RoundStateError
+        If the run already ended (completed, failed or cancelled): those never resume.
+    """
+    run = get_run(session, run_id)
+    if not RunStatus(run.status).resumable:
+        raise RoundStateError(f"run {run_id} is {run.status}; only a resumable run reopens")
+    when = _now(now)
+    run.status = RunStatus.RUNNING.value
+    run.error = None
+    run.finished_at = None
+    run.updated_at = when
+    session.flush()
+    return run
 
 
 def finish_run(
@@ -97,10 +126,13 @@ def finish_run(
     *,
     now: datetime | None = None,
 ) -> Run:
-    """Mark a run ``completed`` or ``failed`` (with ``error``)."""
+    """Mark how a run stopped: ``completed``, ``failed`` (with ``error``), ``cancelled`` or
+    ``interrupted`` (resumable; ``finished_at`` is when it stopped)."""
     final = choice(RunStatus, status, "run status")
     if final is RunStatus.RUNNING:
-        raise ValueError("finish_run needs a final status: completed or failed")
+        raise ValueError(
+            "finish_run needs how the run stopped: completed, failed, cancelled or interrupted"
+        )
     run = get_run(session, run_id)
     when = _now(now)
     run.status = final.value

@@ -25,12 +25,14 @@ class ExitCode(enum.IntEnum):
     IDENTITY_REFUSED = 8
     TLS_VERIFICATION = 9
     CREDENTIALS = 10
+    CANCELLED = 11
     INTERRUPTED = 130
 
 
 HELP: dict[ExitCode, str] = {
     ExitCode.OK: "success (the run completed; a client was told the run is over)",
-    ExitCode.RUN_FAILED: "the run failed (too few clients connected in time) or a client failed",
+    ExitCode.RUN_FAILED: "the run failed (no round committed, too few clients in time) or a "
+    "client failed",
     ExitCode.USAGE: "bad command line or configuration (the message names the key and file line)",
     ExitCode.STORAGE_UNAVAILABLE: "the database cannot be reached or opened",
     ExitCode.ADDRESS_IN_USE: "the listen address cannot be bound (port already in use?)",
@@ -40,7 +42,9 @@ HELP: dict[ExitCode, str] = {
     ExitCode.IDENTITY_REFUSED: "the server refused this node's identity (unknown or revoked key)",
     ExitCode.TLS_VERIFICATION: "a TLS certificate could not be verified (wrong CA, name)",
     ExitCode.CREDENTIALS: "a certificate or key file is missing, unreadable or not a key",
-    ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM); a server's run stays resumable",
+    ExitCode.CANCELLED: "the run was cancelled by an operator (geofl runs stop)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM); a server's run is left interrupted "
+    "and resumes when started again",
 }
 
 #: (defining module, class name, code), most specific class first. Classes are named, not

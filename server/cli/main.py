@@ -34,6 +34,12 @@ def _add_config_args(parser: argparse.ArgumentParser, simulate: bool = False) ->
         help="override a configuration value, e.g. --set run.rounds=3 (repeatable)",
     )
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
+    parser.add_argument(
+        "--new-run",
+        action="store_true",
+        help="start a new run even if run.name names one that ended (else that is an error; "
+        "a resumable run of that name and configuration is resumed)",
+    )
     from geofl.server.flower.arguments import add_flower_arguments
 
     add_flower_arguments(parser, simulate)

@@ -125,6 +125,8 @@ def print_summary(config: RunConfig, result: RunResult) -> None:
 
 def report_run(result: RunResult, codes: Sequence[tuple[str, int]]) -> int:
     """How the run and its child processes (by name, exit code) ended; the exit code."""
+    if result.status == "cancelled":
+        return fail(ExitCode.CANCELLED, f"run {result.run_id} cancelled: {result.error}")
     if result.status != "completed":
         return fail(ExitCode.RUN_FAILED, f"run {result.run_id} failed: {result.error}")
     bad = [(name, c) for name, c in codes if c != 0]

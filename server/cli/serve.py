@@ -79,15 +79,16 @@ def run_serve(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> tuple[RunResult, list[tuple[str, int]]]:
     """Serve the configured run, or simulate it on its clock; the result and child exits."""
     config = load_config(args.config, args.overrides)
+    new_run = bool(getattr(args, "new_run", False))
     if args.command != "simulate":
-        return _run_until_signal(config, simulate=False)
+        return _run_until_signal(config, simulate=False, new_run=new_run)
     source = str(args.config)
     trace = check_simulate(config, source)
     with tempfile.TemporaryDirectory(prefix="geofl-partition-") as directory:
         extra = _partitions(config, source, Path(directory))
         if config.simulation.clock == "virtual":
-            return _run_virtual(config, trace, extra), []
-        return _run_until_signal(config, True, extra)
+            return _run_virtual(config, trace, extra, new_run), []
+        return _run_until_signal(config, True, extra, new_run)
 
 
 def _partitions(config: RunConfig, source: str, directory: Path) -> dict[str, Scalar]:
@@ -100,13 +101,18 @@ def _partitions(config: RunConfig, source: str, directory: Path) -> dict[str, Sc
 
 
 def _run_until_signal(
-    config: RunConfig, simulate: bool, extra: Mapping[str, Scalar] | None = None
+    config: RunConfig,
+    simulate: bool,
+    extra: Mapping[str, Scalar] | None = None,
+    new_run: bool = False,
 ) -> tuple[RunResult, list[tuple[str, int]]]:
     """Run the event loop; SIGINT and SIGTERM cancel the run cleanly (KeyboardInterrupt)."""
     if not simulate:
-        return run_until_signal(lambda: _serve(config, simulate))
+        return run_until_signal(lambda: _serve(config, simulate, new_run=new_run))
     with simulation_progress(config) as progress:
-        outcome = run_until_signal(lambda: _serve(config, simulate, ProgressHooks(progress), extra))
+        outcome = run_until_signal(
+            lambda: _serve(config, simulate, ProgressHooks(progress), extra, new_run)
+        )
     print_summary(config, outcome[0])
     return outcome
 
@@ -116,10 +122,11 @@ async def _serve(
     simulate: bool,
     hooks: ProgressHooks | None = None,
     extra: Mapping[str, Scalar] | None = None,
+    new_run: bool = False,
 ) -> tuple[RunResult, list[tuple[str, int]]]:
     """Serve the run; with ``simulate``, around the wall-clock simulation's processes."""
     observer = hooks or RoundEndCallback(round_reporter(config.planned_rounds))
-    coordinator = Coordinator(config, observers=[observer])
+    coordinator = Coordinator(config, observers=[observer], new_run=new_run)
     try:
         port = await coordinator.start()
         console.print(
@@ -145,7 +152,7 @@ async def _serve(
 
 
 def _run_virtual(
-    config: RunConfig, trace: TraceSet | None, extra: Mapping[str, Scalar]
+    config: RunConfig, trace: TraceSet | None, extra: Mapping[str, Scalar], new_run: bool
 ) -> RunResult:
     """``geofl simulate`` on the virtual clock: simulated clients, no port, simulated time."""
     console.print(
@@ -161,6 +168,7 @@ def _run_virtual(
                 trace,
                 extra_node_config=extra,
                 observers=[hooks],
+                new_run=new_run,
             ),
             loop_factory=VirtualTimeLoop,
         )

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from geofl.server.config.compression import CompressionConfig
+from geofl.server.config.control import ControlConfig
 from geofl.server.config.fields import (
     Address,
     DatabaseUrl,
@@ -266,6 +267,11 @@ class ServerConfig(Section):
         default_factory=list,
         description="The regions this run serves; a client or relay that joins naming "
         "another region is refused with an error that lists them. [] = any region.",
+    )
+    control: ControlConfig | None = Field(
+        default=None,
+        description="The control API for administrators (geofl runs list|show|stop|logs|pull "
+        "--server); null = none.",
     )
 
     @property

@@ -177,6 +177,10 @@ class AuthorizedNodes:
     def __len__(self) -> int:
         return len(self._by_key)
 
+    def names(self) -> frozenset[str]:
+        """The names of every authorized key."""
+        return frozenset(key.name for key in self._by_key.values())
+
     def refresh(self, *, force: bool = False) -> bool:
         """Re-read the list if a file changed (or ``force``); whether a new list took effect."""
         if not force and self._current_stamp() == self._stamp:

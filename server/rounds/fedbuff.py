@@ -203,6 +203,8 @@ class FedBuffEngine:
         try:
             await self._models.publish(self._version, self.weights)
             for number in range(self._parts.start_round, self._last + 1):
+                if self._parts.stop_requested():  # an operator's stop: after a whole version
+                    break
                 await self._version_round(number)
         finally:
             await self._stop_outstanding("the run stopped", record=False)

@@ -51,6 +51,8 @@ class EngineParts:
     resumed
         Updates of ``start_round`` accepted before a restart (see
         :mod:`geofl.server.models.staging`): folded again, their nodes not asked to train.
+    stop_requested
+        Checked before each round (version): True ends the run there (``geofl runs stop``).
     """
 
     registry: Registry
@@ -65,6 +67,7 @@ class EngineParts:
     secure: SecureSettings | None = None
     scheduler: Scheduler | None = None
     resumed: Sequence[ResumedUpdate] = ()
+    stop_requested: Callable[[], bool] = lambda: False
 
     def task_runner(
         self, deadline_s: float, on_release: Callable[[TaskRecord], None] = lambda task: None

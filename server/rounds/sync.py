@@ -76,6 +76,8 @@ class SyncEngine:
         try:
             await self._models.publish(self._parts.start_round - 1, self.weights)
             for number in range(self._parts.start_round, self._cfg.rounds + 1):
+                if self._parts.stop_requested():  # an operator's stop: after a whole round
+                    break
                 await self._run_round(number)
         finally:
             self._runner.close()

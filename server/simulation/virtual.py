@@ -87,14 +87,18 @@ async def simulate_virtual(
     observers: Sequence[RoundObserver] = (),
     on_start: Callable[[Coordinator, Sequence[ClientLink]], None] = lambda c, links: None,
     extra_node_config: Mapping[str, Scalar] | None = None,
+    new_run: bool = False,
 ) -> VirtualRun:
     """Run ``config`` with virtual clients on the running (virtual-time) loop.
 
     ``observers`` hear of every round (after the database recorder);
-    ``extra_node_config`` (e.g. the simulator's partition file) is added to every client's.
+    ``extra_node_config`` (e.g. the simulator's partition file) is added to every client's;
+    ``new_run``: see :class:`~geofl.server.coordinator.Coordinator`.
     """
     clock = LoopClock(asyncio.get_running_loop())
-    coordinator = Coordinator(config, observers=observers, clock=clock, listen=False)
+    coordinator = Coordinator(
+        config, observers=observers, clock=clock, listen=False, new_run=new_run
+    )
     links, per_client = client_links(config, traces)
     simulation = config.simulation
     setup = WorkerSetup(

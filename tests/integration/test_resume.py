@@ -112,4 +112,4 @@ def test_interrupted_server_exits_130_and_stays_resumable(tmp_path: Path) -> Non
     assert server.returncode == 130, output
     assert "resumable" in output
     with open_database(db_url, migrate=False) as db, db.session() as session:
-        assert queries.list_runs(session)[0].status == "running"
+        assert queries.list_runs(session)[0].status == "interrupted"

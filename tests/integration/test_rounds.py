@@ -80,7 +80,7 @@ def test_round_fails_cleanly_below_min_clients(tmp_path: Path, serve: Any) -> No
     server.add_client(0)
     server.add_client(1, behaviour="raise")
     result = server.wait()
-    assert result.status == "completed"
+    assert (result.status, result.error) == ("failed", "no round committed (every round failed)")
     detail = _detail(config, result.run_id)
     assert [r.status for r in detail.rounds] == ["failed", "failed"]
     assert "1 of 2 clients succeeded" in (detail.rounds[0].error or "")
