@@ -40,6 +40,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── FlowerAppError                                  geofl.server.flower.errors
     │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
     ├── CredentialFileError                             geofl.server.cli.credentials
+    ├── ControlError                                    geofl.server.control.client
     ├── UserCodeError                                   geofl.server.models.loading
     ├── RegionalError                                   geofl.server.relay.rounds
     ├── RoundFailedError                                geofl.server.rounds.records

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 from collections.abc import Sequence
@@ -27,6 +26,9 @@ from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
+from geofl.server.config.fields import is_loopback
+from geofl.server.control.admins import AdminKeys, AdminSessions
+from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
 from geofl.server.lifecycle import RoundEvents, StopSwitch, choose_run, final_status
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
@@ -99,16 +101,6 @@ def build_strategy(config: RunConfig) -> Strategy:
     for key in ("clients_per_round", "min_clients", "max_examples_per_client"):
         params.pop(key, None)
     return make_strategy(name, **params)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to any interface
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:
@@ -333,6 +325,9 @@ class Coordinator:
                 f"({config.server.max_model_bytes})"
             )
         self.port: int | None = None
+        self.control_port: int | None = None
+        self.admin_sessions = self._admin_sessions()
+        self._control: grpc.aio.Server | None = None
         self._server: grpc.aio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
         self.reload_nodes = asyncio.Event()
@@ -454,9 +449,35 @@ class Coordinator:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
+        await self._start_control()
         self._watch_authorized_nodes()
         log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
         return self.port
+
+    def _admin_sessions(self) -> AdminSessions | None:
+        """The admins' sessions when ``server.control`` is set (also the dashboard's login).
+
+        Raises
+        ------
+        ConfigError
+            If ``server.control.admins`` cannot be read or is invalid.
+        """
+        control = self.config.server.control
+        if control is None:
+            return None
+        self._admins = AdminKeys(Path(control.admins))
+        return AdminSessions(ttl_s=control.session_ttl_s, still_admin=self._admins.is_admin)
+
+    async def _start_control(self) -> None:
+        """Serve the control API on ``server.control.address`` (if set)."""
+        control, sessions = self.config.server.control, self.admin_sessions
+        if control is None or sessions is None:
+            return
+        parts = ControlParts(self.db, self.store, self._admins, sessions, live=self)
+        self._control, self.control_port = await start_control_server(
+            lambda: ControlServicer(parts), control, self.config.server
+        )
+        log.info("control API on port %d", self.control_port)
 
     def _watch_authorized_nodes(self) -> None:
         """Follow ``server.auth.nodes``: on file changes, and on SIGHUP in the main thread."""
@@ -601,10 +622,11 @@ class Coordinator:
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await self._server.stop(grace)
-            self._server = None
+        for server in (self._server, self._control):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await server.stop(grace)
+        self._server = self._control = None
         self.db.close()
 
 

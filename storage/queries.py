@@ -13,13 +13,14 @@ Timestamps default to the current UTC time; a simulation on a virtual clock pass
 readable after the session ends.
 
 The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds`,
-:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.measurements` and
+:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.measurements`, :mod:`~geofl.storage.events` and
 :mod:`~geofl.storage.staged`; this module is the
 one place to import them from.
 """
 
 from __future__ import annotations
 
+from geofl.storage.events import EventRecord, events_of
 from geofl.storage.measurements import (
     latest_measurements,
     measurements_of,
@@ -62,6 +63,7 @@ from geofl.storage.staged import (
 )
 
 __all__ = [
+    "EventRecord",
     "StagedUpdateRecord",
     "add_event",
     "checkpoints_of",
@@ -69,6 +71,7 @@ __all__ = [
     "clear_staged_round",
     "commit_round",
     "create_run",
+    "events_of",
     "fail_round",
     "find_resumable_run",
     "finish_run",

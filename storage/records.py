@@ -8,9 +8,11 @@ JSON values: datetimes as ISO 8601 strings, nested records as dicts and lists.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 __all__ = ["ParticipationRecord", "RoundSummary", "RunDetail", "RunSummary"]
 
@@ -29,11 +31,45 @@ def _plain(value: object) -> Any:
     return value
 
 
+def _revived(kind: Any, value: Any) -> Any:
+    """``value`` (from :func:`_plain`) back as ``kind``: datetimes and nested records."""
+    if value is None:
+        return None
+    origin = typing.get_origin(kind)
+    if origin in (types.UnionType, typing.Union):
+        options = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        return _revived(options[0], value) if len(options) == 1 else value
+    if kind is datetime:
+        return datetime.fromisoformat(value)
+    if isinstance(kind, type) and issubclass(kind, _JSONRecord):
+        return kind.from_dict(value)
+    if origin is tuple:
+        item = typing.get_args(kind)[0]
+        return tuple(_revived(item, entry) for entry in value)
+    return value
+
+
 class _JSONRecord:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict of this record (datetimes as ISO strings)."""
         result: dict[str, Any] = _plain(self)
         return result
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """The record :meth:`to_dict` gave ``data`` of (e.g. after a trip through JSON).
+
+        Raises
+        ------
+        TypeError
+            If ``data`` misses a field or has one the record does not.
+        """
+        hints = typing.get_type_hints(cls)
+        names = {field.name for field in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = set(data) - names
+        if unknown:
+            raise TypeError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        return cls(**{name: _revived(hints[name], data[name]) for name in names if name in data})
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from geofl.server.cli.exit_codes import ExitCode
 from geofl.storage import (
+    Database,
     StorageUnavailableError,
     current_revision,
     open_database,
@@ -25,13 +26,17 @@ from geofl.storage import (
     redact_url,
 )
 from geofl.storage.errors import DatabaseURLError, RunNotFoundError
+from geofl.storage.events import EventRecord
 from geofl.storage.measurements import NodeMeasurementRecord
 from geofl.storage.records import RunDetail, RunSummary
 
 DEFAULT_DB = "sqlite:///runs/geofl.db"
+#: The events ``geofl runs show`` lists (rounds have their own table).
+SHOWN_EVENTS = ("run.", "security.", "flower.")
 
 
-def _url(args: argparse.Namespace) -> str:
+def database_url(args: argparse.Namespace) -> str:
+    """``--db``, else ``$GEOFL_DB``, else the default SQLite file."""
     return str(args.db or os.environ.get("GEOFL_DB") or DEFAULT_DB)
 
 
@@ -72,11 +77,15 @@ def runs_table(runs: list[RunSummary]) -> Table:
     return table
 
 
-def detail_tables(detail: RunDetail, links: Sequence[NodeMeasurementRecord] = ()) -> list[Table]:
-    """``geofl runs show`` as tables: rounds, traffic by region, links, participations.
+def detail_tables(
+    detail: RunDetail,
+    links: Sequence[NodeMeasurementRecord] = (),
+    events: Sequence[EventRecord] = (),
+) -> list[Table]:
+    """``geofl runs show`` as tables: rounds, traffic by region, links, participations,
+    events (the run's lifecycle, security and Flower ones).
 
-    The links table (what the server measured of each node) is left out when no
-    measurements were stored for the run.
+    The links and events tables are left out when the run has none.
     """
     run = detail.run
     rounds = Table(
@@ -139,7 +148,31 @@ def detail_tables(detail: RunDetail, links: Sequence[NodeMeasurementRecord] = ()
             p.reason or "",
         )
     measured = [links_table(links)] if links else []
-    return [rounds, regions_table(detail), *measured, clients]
+    shown = [e for e in events if e.kind.startswith(SHOWN_EVENTS)]
+    logged = [events_table(shown)] if shown else []
+    return [rounds, regions_table(detail), *measured, clients, *logged]
+
+
+def events_table(events: Sequence[EventRecord]) -> Table:
+    """A run's events, oldest first."""
+    table = Table(title="events")
+    for column in ("id", "time", "round", "kind", "message"):
+        table.add_column(column)
+    for e in events:
+        table.add_row(
+            str(e.id),
+            e.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            "-" if e.round is None else str(e.round),
+            e.kind,
+            e.message,
+        )
+    return table
+
+
+def event_line(event: EventRecord) -> str:
+    """One event as ``geofl runs logs`` prints it."""
+    where = "" if event.round is None else f" round {event.round}"
+    return f"{event.created_at.isoformat(timespec='seconds')} {event.kind}{where}: {event.message}"
 
 
 def regions_table(detail: RunDetail) -> Table:
@@ -206,6 +239,26 @@ def _traffic(wire: int, raw: int) -> str:
     return _mb(wire) if wire == raw else f"{_mb(wire)} ({_mb(raw)})"
 
 
+def open_existing(url: str) -> Database:
+    """The database at ``url`` to read from: it must exist and hold geofl's schema.
+
+    Raises
+    ------
+    StorageUnavailableError
+        If it cannot be reached, is a missing SQLite file, or holds no geofl schema.
+    """
+    _require_existing_sqlite(url)
+    db = open_database(url, migrate=False)
+    if current_revision(db) is None:
+        db.close()
+        raise StorageUnavailableError(
+            redact_url(url),
+            "it holds no geofl schema yet; start a server on it or "
+            f"run `geofl db upgrade --db {redact_url(url)}`",
+        )
+    return db
+
+
 def _require_existing_sqlite(url: str) -> None:
     """Reading must not create an empty SQLite file as a side effect."""
     parsed = make_url(url)
@@ -219,7 +272,7 @@ def run_inspect(args: argparse.Namespace) -> int:
     """Dispatch ``runs`` and ``db`` actions; returns the exit code."""
     # Wide enough for the tables when the output is not a terminal (pipes, CI logs).
     console = Console(width=None if sys.stdout.isatty() else 200)
-    url = _url(args)
+    url = database_url(args)
     try:
         if args.command == "db":
             from geofl.storage import upgrade
@@ -247,6 +300,7 @@ def run_inspect(args: argparse.Namespace) -> int:
                     return ExitCode.OK
                 detail = queries.run_detail(session, args.run_id)
                 links = _measured_links(session, args.run_id)
+                events = queries.events_of(session, args.run_id)
     except (StorageUnavailableError, DatabaseURLError) as exc:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.STORAGE_UNAVAILABLE
@@ -254,12 +308,26 @@ def run_inspect(args: argparse.Namespace) -> int:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.USAGE
     if args.json:
-        shown = {**detail.to_dict(), "links": [m.to_dict() for m in links]}
+        shown = {
+            **detail.to_dict(),
+            "links": [m.to_dict() for m in links],
+            "events": [e.to_dict() for e in events],
+        }
         print(json.dumps(shown, indent=2))
     else:
-        for table in detail_tables(detail, links):
+        for table in detail_tables(detail, links, events):
             console.print(table)
     return ExitCode.OK
 
 
-__all__ = ["detail_tables", "links_table", "run_inspect", "runs_table"]
+__all__ = [
+    "SHOWN_EVENTS",
+    "database_url",
+    "detail_tables",
+    "event_line",
+    "events_table",
+    "links_table",
+    "open_existing",
+    "run_inspect",
+    "runs_table",
+]

@@ -99,8 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser(
         "runs",
-        help="inspect recorded runs",
-        description="Show runs, rounds and participations from the database.",
+        help="inspect and operate runs: from the database, or a live server's control API",
+        description="Show runs, rounds, participations and events from the database "
+        "(--db) or a live coordinator (--server HOST:PORT --key ADMIN.key); stop a live run, "
+        "follow its events, pull a round's model.",
     )
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     listing = runs_sub.add_parser(
@@ -120,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})",
         )
         p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    from geofl.server.cli.runs import add_arguments as add_runs_arguments
+
+    add_runs_arguments(runs_sub.add_parser, (listing, show))
 
     keys = sub.add_parser(
         "keys",
@@ -174,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geofl.server.cli.credentials import run_credentials
 
         return run_credentials(args)
+    if args.command == "runs":
+        from geofl.server.cli.runs import run_runs
+
+        return run_runs(args)
     from geofl.server.cli.inspect import run_inspect
 
     return run_inspect(args)

@@ -35,6 +35,7 @@ __all__ = [
     "RelativePath",
     "ScalarMap",
     "Section",
+    "is_loopback",
     "redact_url",
     "split_address",
 ]
@@ -64,6 +65,16 @@ def _check_import_path(value: str) -> str:
     if not _IMPORT_PATH.fullmatch(value):
         raise ValueError(f"expected 'package.module:attribute', got {value!r}")
     return value
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
 
 
 def split_address(address: str) -> tuple[str, int]:
