@@ -502,12 +502,11 @@ class Coordinator:
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
         )
         reaper = asyncio.create_task(reap_offline(self.registry))
-        status: RunStatus | None = None
         error: str | None = None
         try:
             await engine.run()
         except NoClientsError as exc:
-            status, error = RunStatus.FAILED, str(exc)
+            error = str(exc)
         except asyncio.CancelledError:  # SIGINT/SIGTERM: resumable
             self._record_end(RunStatus.INTERRUPTED, "interrupted (SIGINT/SIGTERM)")
             raise
@@ -517,8 +516,7 @@ class Coordinator:
             raise
         finally:
             reaper.cancel()
-        if status is None:
-            status, error = final_status(self._committed_rounds(), self.stop_switch.reason)
+        status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
         self._record_end(status, error)
         await self._shutdown_clients()
         return RunResult(self.run_id, status.value, resumed, self.config.storage.url, error)

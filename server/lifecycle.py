@@ -59,14 +59,19 @@ def choose_run(session: Session, name: str, config_sha256: str, *, new_run: bool
     return latest
 
 
-def final_status(committed_rounds: int, stop_reason: str | None) -> tuple[RunStatus, str | None]:
-    """How a run whose engine returned ended: its status and error.
+def final_status(
+    committed_rounds: int, stop_reason: str | None, error: str | None = None
+) -> tuple[RunStatus, str | None]:
+    """How a run whose engine returned (or gave up with ``error``) ended: status and error.
 
-    An operator's stop wins (``cancelled``); otherwise a run that committed no round
-    ``failed`` (every round failed), else it ``completed``.
+    An operator's stop wins (``cancelled``: the engine may have given up waiting for
+    clients because of it); then an ``error`` (``failed``); a run that committed no round
+    ``failed`` too (every round failed); else it ``completed``.
     """
     if stop_reason is not None:
         return RunStatus.CANCELLED, stop_reason
+    if error is not None:
+        return RunStatus.FAILED, error
     if committed_rounds == 0:
         return RunStatus.FAILED, "no round committed (every round failed)"
     return RunStatus.COMPLETED, None

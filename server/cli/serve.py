@@ -137,6 +137,11 @@ async def _serve(
                 if coordinator.start_round > 1
                 else ""
             )
+            + (
+                f"; control API on port {coordinator.control_port}"
+                if coordinator.control_port is not None
+                else ""
+            )
         )
         if not simulate:
             return await coordinator.run(), []

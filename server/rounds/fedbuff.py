@@ -333,6 +333,10 @@ class FedBuffEngine:
             idle = len(self._idle())
             if idle >= need:
                 raise RoundFailedError(self._stuck_reason(idle))
+            if self._parts.stop_requested():  # no point waiting for a run that is ending
+                raise NoClientsError(
+                    f"version {self._record.number}: stopped while waiting for clients"
+                )
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 raise NoClientsError(

@@ -306,6 +306,8 @@ class SyncEngine:
             available = candidates()
             if len(available) >= need:
                 break
+            if self._parts.stop_requested():  # no point waiting for a run that is ending
+                raise NoClientsError(f"round {number}: stopped while waiting for clients")
             remaining = deadline - self._clock.monotonic()
             if remaining <= 0:
                 raise NoClientsError(

@@ -21,13 +21,14 @@ import torch
 from geofl.protocols.identity import load_private_key, raw_public_key
 from geofl.protocols.v1 import control_pb2 as cpb
 from geofl.protocols.v1 import control_pb2_grpc as cpb_grpc
-from geofl.server.cli.credentials import keys_new
+from geofl.server.cli.credentials import certs_ca, certs_leaf, keys_new, subject_name
 from geofl.server.cli.exit_codes import ExitCode
 from geofl.server.cli.main import main
 from geofl.server.config import RunConfig
 from geofl.server.config.errors import ConfigError
-from geofl.server.control.admins import login_message
+from geofl.server.control.admins import AdminKeys, AdminSessions, login_message
 from geofl.server.control.client import ControlClient
+from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
 from geofl.server.coordinator import Coordinator
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
@@ -281,3 +282,79 @@ def test_control_config_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="beyond loopback without TLS"):
         asyncio.run(start_then_stop())
     assert key.exists()
+
+
+def test_the_control_api_uses_server_tls(
+    tmp_path: Path, serve_coordinator: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pki = tmp_path / "pki"
+    ca = certs_ca(pki, "test CA", days=1, force=False)
+    cert, key = certs_leaf(
+        pki, pki, "server", subject_name("localhost"), hosts=["localhost"], days=1, force=False
+    )
+    plain, admin, _ = _admin_config(tmp_path)
+    server = plain.server.model_dump(mode="json")
+    config = run_config(
+        tmp_path,
+        run={"rounds": 200},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+        server={**server, "tls": {"cert": str(cert), "key": str(key)}},
+    )
+    handle = serve_coordinator(lambda: Coordinator(config))
+    address = f"localhost:{handle.coordinator.control_port}"
+    base = ["runs", "list", "--server", address, "--key", str(admin), "--json"]
+    code, out, err = _run([*base, "--ca", str(ca)], capsys)
+    assert code == ExitCode.OK, err
+    assert [r["status"] for r in json.loads(out)] == ["running"]
+    code, _, err = _run(base, capsys)  # plaintext to a TLS port: no answer
+    assert code == ExitCode.SERVER_UNREACHABLE
+    with ControlClient(address, admin, ca=ca) as client:
+        client.stop_run(handle.coordinator.run_id)
+    # No client ever came: the first round stops waiting for them at once.
+    result = handle.result.result(timeout=30)
+    assert (result.status, result.error) == ("cancelled", "stopped (admin ops)")
+
+
+class _FakeLive:
+    run_id = 1
+
+    def request_stop(self, reason: str) -> bool:
+        return True
+
+
+def test_dashboard_links_are_one_time_tokens_of_the_admin(tmp_path: Path) -> None:
+    config, admin, _ = _admin_config(tmp_path)
+    control = config.server.control
+    assert control is not None
+    sessions = AdminSessions()
+    db = open_database(config.storage.url)
+    parts = ControlParts(
+        db=db,
+        store=CheckpointStore(Path(config.storage.checkpoints)),
+        admins=AdminKeys(Path(control.admins)),
+        sessions=sessions,
+        live=_FakeLive(),
+        dashboard_url="http://127.0.0.1:8080/",
+    )
+
+    async def ask() -> tuple[str, float]:
+        server, port = await start_control_server(
+            lambda: ControlServicer(parts), control, config.server
+        )
+        try:
+            with ControlClient(f"127.0.0.1:{port}", admin) as client:
+                return await asyncio.to_thread(client.dashboard_link)
+        finally:
+            await server.stop(None)
+
+    try:
+        link, ttl_s = asyncio.run(ask())
+    finally:
+        db.close()
+    prefix = "http://127.0.0.1:8080/login?token="
+    assert link.startswith(prefix) and ttl_s == sessions.link_ttl_s
+    token = link.removeprefix(prefix)
+    assert sessions.verify(token) is None  # not a session: a link to redeem
+    assert sessions.redeem(token) == "ops"
+    assert sessions.redeem(token) is None
