@@ -301,6 +301,7 @@ class Coordinator:
             selectable=config.schedule.selection.node_config,
         )
         self.db.on_recovered = lambda waited: self.registry.forgive_silence()
+        self.admin_sessions = self._admin_sessions()  # a bad admins file: before any run
         self.weights, self.run_id, self.start_round = self._resume_or_create()
         self.uploads = DurableUploads(
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
@@ -326,7 +327,6 @@ class Coordinator:
             )
         self.port: int | None = None
         self.control_port: int | None = None
-        self.admin_sessions = self._admin_sessions()
         self._control: grpc.aio.Server | None = None
         self._server: grpc.aio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None

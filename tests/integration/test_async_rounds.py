@@ -328,7 +328,8 @@ def test_a_version_fails_when_every_client_fails(tmp_path: Path) -> None:
         simulation={"node_config": {"raise-ids": "0,1"}},
     )
     outcome = run_virtual_simulation(config)
-    assert outcome.result.status == "completed"
+    assert outcome.result.status == "failed"
+    assert outcome.result.error == "no round committed (every round failed)"
     detail = _detail(config)
     assert [r.status for r in detail.rounds] == ["failed", "failed"]
     assert all("every one of the 2 idle clients failed" in (r.error or "") for r in detail.rounds)

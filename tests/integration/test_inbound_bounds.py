@@ -184,4 +184,6 @@ def test_nan_poll_timeout_is_answered_not_an_internal_error(tmp_path: Path, serv
     conn.close()
     server.add_client(0)
     server.add_client(1)
-    assert server.wait().status == "completed"
+    # The poller never answers a task it is given: a round that selects it fails, and the
+    # run fails if every round did. Either way the run ends, and it ends cleanly.
+    assert server.wait().status in ("completed", "failed")

@@ -227,8 +227,10 @@ def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: 
     )
     outcome = run_virtual_simulation(config)
     run, rounds, pairs = run_rows(config)
-    # What the code records: every round failed, the run itself completed, no model saved.
-    assert outcome.result.status == run.status == "completed"
+    # What the code records: every round failed, so did the run, no model saved.
+    assert outcome.result.status == "failed"
+    assert outcome.result.error == "no round committed (every round failed)"
+    assert run.status == "failed"
     assert [r.status for r in rounds] == ["failed", "failed"]
     assert _checkpoints(config) == {}
     broadcast, _ = _initial_bytes(config)

@@ -166,7 +166,8 @@ def test_a_client_app_raising_in_fit_fails_its_participations(
     broken = {**FIT_CONFIG, "batch_size": 0}  # the quickstart client raises ValueError
     run, detail = _simulate(_write_config(tmp_path, "ray", broken))
 
-    assert run.result.status == "completed"
+    assert run.result.status == "failed"
+    assert run.result.error == "no round committed (every round failed)"
     assert [r.status for r in detail.rounds] == ["failed", "failed"]
     fits = [p for p in detail.participations if p.kind == "fit"]
     assert len(fits) == 16
