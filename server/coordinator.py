@@ -26,6 +26,7 @@ from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
+from geofl.server.instruments import RunInstruments
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.staging import DurableUploads, ResumedUpdate
@@ -304,6 +305,10 @@ class Coordinator:
         self._resumed: list[ResumedUpdate] = (
             self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
         )
+        upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
+        #: Metrics endpoint and experiment trackers (each only if configured).
+        self.instruments = RunInstruments(config, self.registry, self.run_id, upload_budget, clock)
+        self.instruments.resumed(self.start_round, len(self._resumed))
         if not durable:
             self.uploads.clear()
         elif self._resumed:
@@ -337,11 +342,11 @@ class Coordinator:
                 seed=config.run.seed,
             ),
             compression=config.compression,
-            upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
+            upload_budget=upload_budget,
             regions=frozenset(config.server.regions),
             join_check=join_check(config.server),
             on_refusal=self._record_refusal,
-            stage_update=self.uploads.stage if durable else None,
+            stage_update=self.instruments.staging(self.uploads.stage) if durable else None,
         )
 
     # ------------------------------------------------------------ set-up
@@ -427,6 +432,7 @@ class Coordinator:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
+        self.instruments.start()
         self._watch_authorized_nodes()
         log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
         return self.port
@@ -449,6 +455,7 @@ class Coordinator:
         """Run the remaining rounds, then shut every client down."""
         if self._server is None and self._listen:
             await self.start()
+        self.instruments.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
         engine = make_engine(
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
@@ -465,6 +472,7 @@ class Coordinator:
         self.db.transact(
             lambda session: queries.finish_run(session, self.run_id, status, error, now=now)
         )
+        self.instruments.close(status)
         await self._shutdown_clients()
         return RunResult(self.run_id, status, resumed, self.config.storage.url, error)
 
@@ -482,7 +490,14 @@ class Coordinator:
             registry=self.registry,
             strategy=self.strategy,
             models=self._state.models,
-            observer=Observers([recorder, StagedUpdatesCleaner(self.uploads), *self._observers]),
+            observer=Observers(
+                [
+                    recorder,
+                    StagedUpdatesCleaner(self.uploads),
+                    *self.instruments.observers,
+                    *self._observers,
+                ]
+            ),
             start_round=self.start_round,
             weights=self.weights,
             clock=self.clock,
@@ -525,7 +540,8 @@ class Coordinator:
         await self.stop()
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Stop serving and close the database."""
+        """Stop serving (the metrics too) and close the database."""
+        self.instruments.close("interrupted")
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None

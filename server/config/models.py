@@ -27,6 +27,7 @@ from geofl.server.config.fields import (
     redact_url,
     split_address,
 )
+from geofl.server.config.metrics import MetricsConfig
 from geofl.server.config.schedule import (
     AsyncConfig,
     DilocoConfig,
@@ -44,6 +45,7 @@ from geofl.server.config.simulation import (
     trace_suffix_problem,
 )
 from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
+from geofl.server.config.tracking import TrackingConfig
 
 __all__ = [
     "AuthConfig",
@@ -74,6 +76,7 @@ _OPTIONAL_SECTIONS = frozenset(
         "simulation",
         "compression",
         "secure_aggregation",
+        "tracking",
     }
 )
 
@@ -266,6 +269,9 @@ class ServerConfig(Section):
         default_factory=list,
         description="The regions this run serves; a client or relay that joins naming "
         "another region is refused with an error that lists them. [] = any region.",
+    )
+    metrics: MetricsConfig | None = Field(
+        default=None, description="Prometheus metrics endpoint (docs/metrics.md); null = off."
     )
 
     @property
@@ -494,6 +500,7 @@ class RunConfig(Section):
     secure_aggregation: SecureAggregationConfig = _section(
         "Secure aggregation (SecAgg+): the server sees only the cohort's sum."
     )
+    tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
 
     @model_validator(mode="after")
     def _secure_aggregation_composes(self) -> RunConfig:
@@ -610,6 +617,10 @@ class RunConfig(Section):
         """JSON-safe, fully defaulted copy for storing with the run (passwords redacted)."""
         data = self.model_dump(mode="json")
         data["storage"]["url"] = redact_url(self.storage.url)
+        if self.tracking.mlflow is not None:
+            data["tracking"]["mlflow"]["tracking_uri"] = redact_url(
+                self.tracking.mlflow.tracking_uri
+            )
         return data
 
     def config_sha256(self) -> str:

@@ -126,7 +126,9 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "max_model_bytes": 8 * 1024**3,
         "upload_buffer_bytes": 256 * 1024**2,
         "regions": [],
+        "metrics": None,
     }
+    assert cfg.tracking.model_dump() == {"mlflow": None, "tensorboard": None}
     simulation = cfg.simulation.model_dump()
     assert {k: simulation[k] for k in ("clients", "app", "node_config", "relays")} == {
         "clients": 2,
