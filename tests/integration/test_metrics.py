@@ -10,6 +10,9 @@ virtual clock (``geofl simulate``'s in-process path).
 
 from __future__ import annotations
 
+import contextlib
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -22,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from geofl.client.runtime import ClientRuntime
+from geofl.server.cli.exit_codes import ExitCode
 from geofl.server.config import RunConfig
 from geofl.server.coordinator import Coordinator
 from geofl.server.rounds.observers import RoundObserver
@@ -29,6 +33,7 @@ from geofl.server.rounds.records import RoundRecord
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage.models import Node, Participation, Round
 from tests.integration.conftest import run_config, run_rows
+from tests.integration.processes import free_port, run_geofl, start_geofl, write_config
 from tests.integration.test_secure_aggregation import crashing_at
 
 REGIONS = {
@@ -240,3 +245,48 @@ def test_a_secure_aggregation_abort_is_counted_by_its_stage(
         assert total(last["geofl_participations"], kind=kind) == sum(
             1 for p, _ in pairs if p.kind == kind
         )
+
+
+def test_geofl_simulate_on_the_wall_clock_serves_metrics_while_it_runs(tmp_path: Path) -> None:
+    """The command line: real client processes, the endpoint scraped until the run exits."""
+    port = free_port()
+    config = write_config(tmp_path, server={"metrics": {"address": f"127.0.0.1:{port}"}})
+    process = start_geofl(tmp_path, "simulate", "-c", str(config))
+    scrapes: list[dict[str, list[Sample]]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(urllib.error.URLError, ConnectionError):
+                scrapes.append(scrape(port))  # refused: not listening yet, or gone
+            time.sleep(0.05)
+        output, _ = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, output
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in output
+    assert scrapes, "the endpoint never answered while the run went on"
+    info = scrapes[-1]["geofl_run_info"][0].labels
+    assert info["run_name"] == "proc" and info["clock"] == "wall"
+    committed = [total(s["geofl_rounds"], status="committed") for s in scrapes]
+    assert committed == sorted(committed) and committed[-1] <= 2
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+
+
+def test_a_metrics_port_in_use_stops_the_server_with_exit_code_4(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_geofl(
+            tmp_path,
+            "server",
+            "-c",
+            str(config),
+            "--set",
+            f"server.metrics.address=127.0.0.1:{port}",
+        )
+    assert result.returncode == ExitCode.ADDRESS_IN_USE, result.stderr
+    assert f"server.metrics.address 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
