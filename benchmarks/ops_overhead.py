@@ -21,6 +21,12 @@ median of rounds 2..R (round 1 pays imports and the first encodings); the overhe
 is the median over repeats of (case / off of the same repeat) - 1, so slow phases of the
 shared host cancel out pairwise.
 
+The on/off comparison is only as steady as the shared host, so the child also measures
+what the metrics code itself takes ("attributed" overhead): the seconds spent in the metrics
+observer's methods plus the CPU seconds of the endpoint's text generation, per round, over
+the same repeat's round without metrics. The host's noise does not blur that figure; it
+leaves out the cost of the GIL changing hands, which the on/off comparison includes.
+
     python -m benchmarks.ops_overhead --repeats 5 --out benchmarks/results/ops_overhead.json
 """
 
@@ -106,6 +112,65 @@ def _scrape_until(port_of: Any, interval_s: float, stop: threading.Event, out: l
             out.append(time.perf_counter() - began)
 
 
+def _time_metrics_observer() -> list[float]:
+    """Make every event method of the metrics observer add its seconds to the returned cell.
+
+    The direct measure of what the observer costs the event loop, free of the shared host's
+    noise that the on/off comparison suffers from.
+    """
+    import functools
+    import inspect
+
+    from geofl.server.metrics.observer import MetricsObserver
+
+    spent = [0.0]
+    names = ("round_started", "phase", "task_settled", "round_committed", "round_failed")
+    for name in (*names, "round_ended", "recount_nodes", "measurements", "plan"):
+        method = getattr(MetricsObserver, name)
+        if inspect.iscoroutinefunction(method):
+
+            @functools.wraps(method)
+            async def timed_async(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return await _method(*args, **kwargs)
+                finally:
+                    spent[0] += time.perf_counter() - began
+
+            setattr(MetricsObserver, name, timed_async)
+        else:
+
+            @functools.wraps(method)
+            def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                began = time.perf_counter()
+                try:
+                    return _method(*args, **kwargs)
+                finally:
+                    spent[0] += time.perf_counter() - began
+
+            setattr(MetricsObserver, name, timed)
+    return spent
+
+
+def _time_scrape_generation() -> list[float]:
+    """Make the endpoint's text generation add its CPU seconds (of the handler thread, not
+    its waits for the GIL) to the returned cell: what a scrape takes from the event loop."""
+    import prometheus_client.exposition as exposition
+
+    spent = [0.0]
+    generate = exposition.generate_latest
+
+    def timed(*args: Any, **kwargs: Any) -> bytes:
+        began = time.thread_time()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            spent[0] += time.thread_time() - began
+
+    exposition.generate_latest = timed  # what the endpoint's WSGI app calls per scrape
+    return spent
+
+
 def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> int:
     """Run one case; write each round's wall seconds (and the scrapes') to ``result_path``."""
     from geofl.server.config import load_config
@@ -125,6 +190,9 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
             self.seconds[record.number] = time.perf_counter() - self.started[record.number]
 
     config = load_config(config_path)
+    metrics_on = config.server.metrics is not None
+    observer_s = _time_metrics_observer() if metrics_on else [0.0]
+    generation_s = _time_scrape_generation() if metrics_on else [0.0]
     timer = RoundTimer()
     coordinators: list[Any] = []
     scrapes: list[float] = []
@@ -136,7 +204,7 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
     scraper = threading.Thread(
         target=_scrape_until, args=(port_of, scrape_interval_s, stop, scrapes), daemon=True
     )
-    if config.server.metrics is not None:
+    if metrics_on:
         scraper.start()
     began = time.perf_counter()
     try:
@@ -152,6 +220,9 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
         "run_wall_s": wall,
         "scrapes": len(scrapes),
         "median_scrape_s": statistics.median(scrapes) if scrapes else None,
+        "scrape_s": sum(scrapes),
+        "scrape_cpu_s": generation_s[0],
+        "observer_s": observer_s[0],
     }
     result_path.write_text(json.dumps(result))
     return 0 if outcome.result.status == "completed" else 1
@@ -190,6 +261,10 @@ def run_case(
         raise RuntimeError(f"case {case} failed ({done.returncode}):\n{tail}")
     result: dict[str, Any] = json.loads(result_path.read_text())
     result["steady_round_s"] = statistics.median(result["round_s"][1:] or result["round_s"])
+    rounds_run = len(result["round_s"])
+    result["observer_s_per_round"] = result["observer_s"] / rounds_run
+    result["scrape_s_per_round"] = result["scrape_s"] / rounds_run
+    result["scrape_cpu_s_per_round"] = result["scrape_cpu_s"] / rounds_run
     result["case"] = case
     result["load_avg_1m"] = os.getloadavg()[0]
     return result
@@ -208,6 +283,14 @@ def overheads(repeats: Sequence[Mapping[str, Mapping[str, Any]]]) -> dict[str, d
             ratios = [r[case]["steady_round_s"] / r["off"]["steady_round_s"] - 1 for r in repeats]
             entry["overhead_per_repeat"] = ratios
             entry["median_overhead"] = statistics.median(ratios)
+            # What the case's own code took, over the same repeat's round without it.
+            direct = [
+                (r[case]["observer_s_per_round"] + r[case]["scrape_cpu_s_per_round"])
+                / r["off"]["steady_round_s"]
+                for r in repeats
+            ]
+            entry["attributed_overhead_per_repeat"] = direct
+            entry["median_attributed_overhead"] = statistics.median(direct)
         summary[case] = entry
     return summary
 

@@ -29,14 +29,22 @@ def test_the_dashboard_case_needs_the_dashboard_section(tmp_path: Path) -> None:
 
 
 def test_overhead_is_the_median_of_pairwise_ratios() -> None:
+    def metrics(steady: float, observer: float) -> dict[str, float]:
+        return {
+            "steady_round_s": steady,
+            "observer_s_per_round": observer,
+            "scrape_cpu_s_per_round": 0.0,
+        }
+
     repeats = [
-        {"off": {"steady_round_s": 1.0}, "metrics": {"steady_round_s": 1.01}},
-        {"off": {"steady_round_s": 2.0}, "metrics": {"steady_round_s": 2.0}},
-        {"off": {"steady_round_s": 1.0}, "metrics": {"steady_round_s": 1.5}},
+        {"off": {"steady_round_s": 1.0}, "metrics": metrics(1.01, 0.01)},
+        {"off": {"steady_round_s": 2.0}, "metrics": metrics(2.0, 0.01)},
+        {"off": {"steady_round_s": 1.0}, "metrics": metrics(1.5, 0.02)},
     ]
     summary = overheads(repeats)
     assert summary["off"]["median_steady_round_s"] == 1.0
     assert summary["metrics"]["median_overhead"] == pytest.approx(0.01)
+    assert summary["metrics"]["median_attributed_overhead"] == pytest.approx(0.01)
     assert "median_overhead" not in summary["off"]
 
 
@@ -47,3 +55,5 @@ def test_a_small_metrics_case_runs_and_is_scraped(tmp_path: Path) -> None:
     assert result["status"] == "completed" and len(result["round_s"]) == 3
     assert result["steady_round_s"] > 0
     assert result["scrapes"] >= 1
+    assert result["observer_s"] > 0  # the observer's own methods were timed
+    assert result["scrape_cpu_s"] > 0  # and the endpoint's text generation
