@@ -5,9 +5,10 @@ prometheus_client's metrics take their own locks, so the hand-off needs nothing 
 What the observer reads from the registry (the online nodes) it reads on the loop, never
 from the scrape thread, whose reads of the registry's dictionaries would race its writes.
 
-A round of a thousand clients settles a thousand tasks, so :meth:`task_settled` only
-increments children resolved once per label set; the online nodes are recounted at most
-once per :data:`RECOUNT_S` however often the registry changes.
+A round of a thousand clients settles a thousand tasks, so :meth:`task_settled` only adds
+to plain sums; they reach the counters (each a lock) at every phase change, when the round
+ends, and at most :data:`FLUSH_S` after a settlement. The online nodes are recounted at
+most once per :data:`FLUSH_S` however often the registry changes.
 """
 
 from __future__ import annotations
@@ -26,24 +27,35 @@ from geofl.server.nodes.registry import Registry, TaskRecord
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import Phase, RoundRecord, secagg_abort_stage
 
-__all__ = ["NO_REGION", "RECOUNT_S", "MetricsObserver"]
+__all__ = ["FLUSH_S", "NO_REGION", "MetricsObserver"]
 
 #: Region label of nodes that named none.
 NO_REGION = "none"
-#: Most frequent recount of the online nodes, seconds of the coordinator's clock.
-RECOUNT_S = 0.5
+#: Longest delay of settled tasks' figures and of the online-node count, seconds of the
+#: coordinator's clock.
+FLUSH_S = 0.5
 
 Stage = Callable[[TaskRecord, Outcome], Awaitable[None]]
 
 
 class _Transfers:
-    """The four byte counters of one region, resolved once."""
+    """The four byte counters of one region, resolved once, and what waits to be added."""
 
     def __init__(self, metrics: RunMetrics, region: str) -> None:
-        self.up = metrics.bytes.labels("up", region)
-        self.down = metrics.bytes.labels("down", region)
-        self.up_raw = metrics.raw_bytes.labels("up", region)
-        self.down_raw = metrics.raw_bytes.labels("down", region)
+        self.counters = (
+            metrics.bytes.labels("up", region),
+            metrics.bytes.labels("down", region),
+            metrics.raw_bytes.labels("up", region),
+            metrics.raw_bytes.labels("down", region),
+        )
+        #: Bytes up, down, up raw, down raw settled since the last flush.
+        self.pending = [0, 0, 0, 0]
+
+    def flush(self) -> None:
+        for counter, amount in zip(self.counters, self.pending, strict=True):
+            if amount:
+                counter.inc(amount)
+        self.pending = [0, 0, 0, 0]
 
 
 class MetricsObserver(RoundObserver):
@@ -67,6 +79,8 @@ class MetricsObserver(RoundObserver):
         self._regions: dict[int, str] = {}
         self._transfers: dict[str, _Transfers] = {}
         self._participations: dict[tuple[str, str], Counter] = {}
+        self._pending_participations: dict[tuple[str, str], int] = {}
+        self._flush: asyncio.TimerHandle | None = None
         self._connected_seen: set[str] = set()
         self._round_started: dict[int, float] = {}
         self._staged_by_round: dict[int, int] = {}
@@ -85,7 +99,7 @@ class MetricsObserver(RoundObserver):
         except RuntimeError:  # changed outside a loop (set-up): count now
             self.recount_nodes()
             return
-        self._recount = loop.call_later(RECOUNT_S, self.recount_nodes)
+        self._recount = loop.call_later(FLUSH_S, self.recount_nodes)
 
     def recount_nodes(self) -> None:
         """Set the connected-nodes gauge from the registry, and learn the nodes' regions."""
@@ -116,22 +130,46 @@ class MetricsObserver(RoundObserver):
         self.metrics.cohort_target.set(cohort_target)
 
     def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
+        self.flush()
         self.metrics.phase.state(phase.value)
 
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         key = (task.kind, outcome.status)
-        counter = self._participations.get(key)
-        if counter is None:
-            counter = self._participations[key] = self.metrics.participations.labels(*key)
-        counter.inc()
+        pending = self._pending_participations
+        pending[key] = pending.get(key, 0) + 1
         region = self._region_of(task.node_id)
         transfers = self._transfers.get(region)
         if transfers is None:
             transfers = self._transfers[region] = _Transfers(self.metrics, region)
-        transfers.up.inc(outcome.bytes_up)
-        transfers.up_raw.inc(outcome.bytes_up_raw)
-        transfers.down.inc(task.bytes_down)
-        transfers.down_raw.inc(task.bytes_down_raw)
+        sums = transfers.pending
+        sums[0] += outcome.bytes_up
+        sums[1] += task.bytes_down
+        sums[2] += outcome.bytes_up_raw
+        sums[3] += task.bytes_down_raw
+        if self._flush is None:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # settled outside a loop: add now
+            self.flush()
+            return
+        self._flush = loop.call_later(FLUSH_S, self.flush)
+
+    def flush(self) -> None:
+        """Add the settled tasks' participations and bytes to the counters."""
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
+        for key, count in self._pending_participations.items():
+            counter = self._participations.get(key)
+            if counter is None:
+                counter = self._participations[key] = self.metrics.participations.labels(*key)
+            counter.inc(count)
+        self._pending_participations = {}
+        for transfers in self._transfers.values():
+            transfers.flush()
 
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView
@@ -158,6 +196,7 @@ class MetricsObserver(RoundObserver):
             self.metrics.secagg_aborts.labels(stage).inc()
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
+        self.flush()
         ended = "committed" if status == "committed" else "failed"
         self.metrics.rounds.labels(ended).inc()
         started = self._round_started.pop(record.number, None)
@@ -201,6 +240,7 @@ class MetricsObserver(RoundObserver):
     def close(self) -> None:
         """Stop following the registry (the run is over)."""
         self._unsubscribe()
+        self.flush()
         if self._recount is not None:
             self._recount.cancel()
             self._recount = None
