@@ -37,6 +37,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── KeyFileError                                    geofl.protocols.identity
     ├── ConfigError                                     geofl.server.config.errors
     ├── AddressInUseError                               geofl.server.coordinator
+    ├── MetricsAddressError                             geofl.server.metrics.endpoint
     ├── FlowerAppError                                  geofl.server.flower.errors
     │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
     ├── CredentialFileError                             geofl.server.cli.credentials

@@ -29,6 +29,7 @@ from geofl.server.config.errors import ConfigError
 from geofl.server.config.fields import is_loopback
 from geofl.server.control.admins import AdminKeys, AdminSessions
 from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
+from geofl.server.instruments import RunInstruments
 from geofl.server.lifecycle import RoundEvents, StopSwitch, choose_run, final_status
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
 from geofl.server.models.spool import MemoryBudget
@@ -310,6 +311,10 @@ class Coordinator:
         self._resumed: list[ResumedUpdate] = (
             self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
         )
+        upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
+        #: Metrics endpoint and experiment trackers (each only if configured).
+        self.instruments = RunInstruments(config, self.registry, self.run_id, upload_budget, clock)
+        self.instruments.resumed(self.start_round, len(self._resumed))
         if not durable:
             self.uploads.clear()
         elif self._resumed:
@@ -345,11 +350,11 @@ class Coordinator:
                 seed=config.run.seed,
             ),
             compression=config.compression,
-            upload_budget=MemoryBudget(config.server.upload_buffer_bytes),
+            upload_budget=upload_budget,
             regions=frozenset(config.server.regions),
             join_check=join_check(config.server),
             on_refusal=self._record_refusal,
-            stage_update=self.uploads.stage if durable else None,
+            stage_update=self.instruments.staging(self.uploads.stage) if durable else None,
         )
 
     # ------------------------------------------------------------ set-up
@@ -450,6 +455,7 @@ class Coordinator:
         tune_allocator()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
         await self._start_control()
+        self.instruments.start()
         self._watch_authorized_nodes()
         log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
         return self.port
@@ -497,6 +503,7 @@ class Coordinator:
         """Run the remaining rounds, then shut every client down."""
         if self._server is None and self._listen:
             await self.start()
+        self.instruments.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
         engine = make_engine(
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
@@ -518,6 +525,7 @@ class Coordinator:
             reaper.cancel()
         status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
         self._record_end(status, error)
+        self.instruments.close(status.value)
         await self._shutdown_clients()
         return RunResult(self.run_id, status.value, resumed, self.config.storage.url, error)
 
@@ -570,6 +578,7 @@ class Coordinator:
                     recorder,
                     StagedUpdatesCleaner(self.uploads),
                     RoundEvents(self.db, self.run_id, self.clock),
+                    *self.instruments.observers,
                     *self._observers,
                 ]
             ),
@@ -616,7 +625,8 @@ class Coordinator:
         await self.stop()
 
     async def stop(self, grace: float = 1.0) -> None:
-        """Stop serving and close the database."""
+        """Stop serving (the metrics too) and close the database."""
+        self.instruments.close("interrupted")
         if self._watcher is not None:
             self._watcher.cancel()
             self._watcher = None

@@ -143,6 +143,9 @@ async def _serve(
                 else ""
             )
         )
+        endpoint = coordinator.instruments.endpoint
+        if endpoint is not None:
+            console.print(f"geofl: metrics at {endpoint.url}")
         if not simulate:
             return await coordinator.run(), []
         async with wall_clock_simulation(config, port, extra) as launch:

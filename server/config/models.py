@@ -28,6 +28,7 @@ from geofl.server.config.fields import (
     redact_url,
     split_address,
 )
+from geofl.server.config.metrics import MetricsConfig
 from geofl.server.config.schedule import (
     AsyncConfig,
     DilocoConfig,
@@ -45,6 +46,7 @@ from geofl.server.config.simulation import (
     trace_suffix_problem,
 )
 from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
+from geofl.server.config.tracking import TrackingConfig
 
 __all__ = [
     "AuthConfig",
@@ -75,6 +77,7 @@ _OPTIONAL_SECTIONS = frozenset(
         "simulation",
         "compression",
         "secure_aggregation",
+        "tracking",
     }
 )
 
@@ -272,6 +275,9 @@ class ServerConfig(Section):
         default=None,
         description="The control API for administrators (geofl runs list|show|stop|logs|pull "
         "--server); null = none.",
+    )
+    metrics: MetricsConfig | None = Field(
+        default=None, description="Prometheus metrics endpoint (docs/metrics.md); null = off."
     )
 
     @property
@@ -500,6 +506,7 @@ class RunConfig(Section):
     secure_aggregation: SecureAggregationConfig = _section(
         "Secure aggregation (SecAgg+): the server sees only the cohort's sum."
     )
+    tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
 
     @model_validator(mode="after")
     def _secure_aggregation_composes(self) -> RunConfig:
@@ -616,6 +623,10 @@ class RunConfig(Section):
         """JSON-safe, fully defaulted copy for storing with the run (passwords redacted)."""
         data = self.model_dump(mode="json")
         data["storage"]["url"] = redact_url(self.storage.url)
+        if self.tracking.mlflow is not None:
+            data["tracking"]["mlflow"]["tracking_uri"] = redact_url(
+                self.tracking.mlflow.tracking_uri
+            )
         return data
 
     def config_sha256(self) -> str:

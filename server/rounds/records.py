@@ -50,6 +50,22 @@ class RoundFailedError(GeoflError):
     """The round cannot complete; the reason is recorded and the run goes on."""
 
 
+#: How a round failed by a secure-aggregation abort begins its reason (metrics count them).
+SECAGG_ABORT_PREFIX = "secure aggregation aborted in stage "
+
+
+def secagg_abort_reason(stage: str, detail: str) -> str:
+    """The failure reason of a round whose secure aggregation aborted in ``stage``."""
+    return f"{SECAGG_ABORT_PREFIX}{stage}: {detail}"
+
+
+def secagg_abort_stage(reason: str) -> str | None:
+    """The stage a round's failure ``reason`` says secure aggregation aborted in, if any."""
+    if not reason.startswith(SECAGG_ABORT_PREFIX):
+        return None
+    return reason[len(SECAGG_ABORT_PREFIX) :].partition(":")[0]
+
+
 class NoClientsError(GeoflError):
     """Not enough clients connected within ``wait_for_clients_s``: the run fails."""
 
@@ -185,6 +201,7 @@ class PhaseClock:
 
 
 __all__ = [
+    "SECAGG_ABORT_PREFIX",
     "EngineSettings",
     "NoClientsError",
     "Phase",
@@ -192,4 +209,6 @@ __all__ = [
     "RoundFailedError",
     "RoundRecord",
     "round_config",
+    "secagg_abort_reason",
+    "secagg_abort_stage",
 ]

@@ -44,6 +44,7 @@ from geofl.server.rounds.records import (
     PhaseClock,
     RoundFailedError,
     RoundRecord,
+    secagg_abort_reason,
 )
 from geofl.server.rounds.secure import SecureRound
 from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
@@ -258,9 +259,7 @@ class SyncEngine:
             mean, weight = await secure.run(stage, masked_fit, clock.enter)
         except SecAggAbortError as abort:
             clock.enter(Phase.FAILED)
-            raise RoundFailedError(
-                f"secure aggregation aborted in stage {abort.stage}: {abort.reason}"
-            ) from abort
+            raise RoundFailedError(secagg_abort_reason(abort.stage, abort.reason)) from abort
         accumulator = self._strategy.begin_round(self.weights)
         await asyncio.to_thread(accumulator.add, mean, weight)
         return fit_results, accumulator

@@ -127,7 +127,9 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "upload_buffer_bytes": 256 * 1024**2,
         "regions": [],
         "control": None,
+        "metrics": None,
     }
+    assert cfg.tracking.model_dump() == {"mlflow": None, "tensorboard": None}
     simulation = cfg.simulation.model_dump()
     assert {k: simulation[k] for k in ("clients", "app", "node_config", "relays")} == {
         "clients": 2,

@@ -58,6 +58,13 @@ CASES: list[tuple[str, str, tuple[Any, ...], dict[str, Any], ExitCode]] = [
         ExitCode.STORAGE_UNAVAILABLE,
     ),
     ("geofl.server.coordinator", "AddressInUseError", ("in use",), {}, ExitCode.ADDRESS_IN_USE),
+    (
+        "geofl.server.metrics.endpoint",
+        "MetricsAddressError",
+        ("in use",),
+        {},
+        ExitCode.ADDRESS_IN_USE,
+    ),
     ("geofl.server.models.loading", "UserCodeError", ("no module",), {}, ExitCode.USER_CODE),
     ("geofl.server.flower.errors", "FlowerAppError", ("failed",), {}, ExitCode.USER_CODE),
     ("geofl.server.flower.errors", "UnsupportedFlowerFeatureError", ("x",), {}, ExitCode.USER_CODE),
