@@ -13,13 +13,21 @@ Timestamps default to the current UTC time; a simulation on a virtual clock pass
 readable after the session ends.
 
 The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds`,
-:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.measurements` and
+:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.exports`,
+:mod:`~geofl.storage.measurements` and
 :mod:`~geofl.storage.staged`; this module is the
 one place to import them from.
 """
 
 from __future__ import annotations
 
+from geofl.storage.exports import (
+    iter_participations,
+    participation_cells,
+    participation_metric_keys,
+    region_traffic_by_round,
+    run_nodes,
+)
 from geofl.storage.measurements import (
     latest_measurements,
     measurements_of,
@@ -30,7 +38,9 @@ from geofl.storage.reports import (
     get_run,
     latest_checkpoint,
     list_runs,
+    rounds_of,
     run_detail,
+    run_summary,
 )
 from geofl.storage.rounds import (
     commit_round,
@@ -71,17 +81,24 @@ __all__ = [
     "find_resumable_run",
     "finish_run",
     "get_run",
+    "iter_participations",
     "latest_checkpoint",
     "latest_measurements",
     "list_runs",
     "mark_node",
     "mark_run_nodes",
     "measurements_of",
+    "participation_cells",
+    "participation_metric_keys",
     "participation_values",
     "record_measurements",
     "record_participation",
     "record_participations",
+    "region_traffic_by_round",
+    "rounds_of",
     "run_detail",
+    "run_nodes",
+    "run_summary",
     "set_round_phase",
     "stage_update",
     "staged_updates",

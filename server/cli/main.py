@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"database URL (default: $GEOFL_DB or {DEFAULT_DB})",
         )
         p.add_argument("--json", action="store_true", help="machine-readable JSON output")
+    from geofl.server.cli.runs_reports import add_arguments as add_report_arguments
+
+    add_report_arguments(runs_sub)
 
     keys = sub.add_parser(
         "keys",
@@ -168,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geofl.server.cli.credentials import run_credentials
 
         return run_credentials(args)
+    if args.command == "runs" and args.runs_command in ("report", "export"):
+        from geofl.server.cli.runs_reports import run_reports
+
+        return run_reports(args)
     from geofl.server.cli.inspect import run_inspect
 
     return run_inspect(args)
