@@ -42,6 +42,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── CredentialFileError                             geofl.server.cli.credentials
     ├── UserCodeError                                   geofl.server.models.loading
     ├── RegionalError                                   geofl.server.relay.rounds
+    ├── ReportError                                     geofl.server.reports.errors
     ├── RoundFailedError                                geofl.server.rounds.records
     ├── NoClientsError                                  geofl.server.rounds.records
     ├── PartialSyncError (also ValueError)              geofl.server.scheduling.partial_sync

@@ -11,7 +11,7 @@ re-exports them.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -225,5 +225,6 @@ def iter_participations(session: Session, run_id: int) -> Iterator[ExportedParti
         .order_by(Round.number, p.id)
         .execution_options(yield_per=BATCH_ROWS)
     )
+    names = [field.name for field in fields(ExportedParticipation)]
     for row in session.execute(statement):
-        yield ExportedParticipation(*row)
+        yield ExportedParticipation(**dict(zip(names, row, strict=True)))
