@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import operator
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,6 +36,7 @@ __all__ = [
     "Column",
     "ExportResult",
     "cell",
+    "columns_markdown",
     "export_csv",
 ]
 
@@ -67,14 +69,21 @@ ROUND_COLUMNS = _columns(
     ("round", "number", "round number, from 1"),
     ("status", "status", "running, committed, failed or aborted; only committed is final"),
     ("phase", "phase", "the last phase the round reached (select ... commit)"),
-    ("started_at", "started_at", "when the round began (simulated time on the virtual clock)"),
+    (
+        "started_at",
+        "started_at",
+        "when the round began, ISO 8601 UTC (simulated on the virtual clock)",
+    ),
     ("finished_at", "finished_at", "when it committed or failed; empty while running"),
     ("duration_s", "duration_s", "finished_at - started_at in seconds"),
     ("cohort_target", "cohort_target", "how many clients the round wanted"),
     ("num_selected", "num_selected", "distinct fit tasks handed out"),
     ("num_succeeded", "num_succeeded", "fit tasks with an ok attempt"),
     ("num_failed", "num_failed", "num_selected - num_succeeded"),
-    *((name, field, f"{text}, all of the round's tasks") for name, field, text in _TRAFFIC),
+    *(
+        (name, field, f"{text}, all of the round's tasks (set by the commit: 0 if it failed)")
+        for name, field, text in _TRAFFIC
+    ),
     ("train_loss", "train_loss", "aggregated training loss of the fit results"),
     ("eval_loss", "eval_loss", "aggregated loss of the federated (client-side) evaluation"),
     ("server_eval_loss", "server_eval_loss", "loss of the server-side evaluation"),
@@ -126,6 +135,8 @@ class ExportResult:
 
 def cell(value: object) -> str:
     """One CSV cell (see the module docstring for the formats)."""
+    if type(value) in (str, int, float):  # the common case, first
+        return str(value)
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -137,8 +148,36 @@ def cell(value: object) -> str:
     return str(value)
 
 
-def _fixed(columns: Sequence[Column], record: object, run_id: int) -> list[str]:
-    return [cell(getattr(record, c.field)) if c.field else str(run_id) for c in columns]
+class _Fixed:
+    """Reads a record's fixed columns in one go; only times need converting, since the csv
+    writer already writes None as an empty cell and numbers as ``str()`` does."""
+
+    def __init__(self, columns: Sequence[Column], run_id: int, sample: object) -> None:
+        if columns[0].field or not all(c.field for c in columns[1:]):
+            raise ValueError("the run id must be the first column and only that one")
+        fields = [c.field for c in columns[1:]]
+        self.run_id = run_id
+        self.values = operator.attrgetter(*fields)
+        self.times = [i for i, f in enumerate(fields) if f.endswith("_at")]
+        self.cells = [i for i, f in enumerate(fields) if not f.endswith("_at")]
+        self.check(sample)
+
+    def check(self, sample: object) -> None:
+        """Guard for the shortcut: every non-time column is a scalar the writer handles."""
+        values = self.values(sample)
+        for i in self.cells:
+            if not isinstance(values[i], str | int | float | None) or isinstance(values[i], bool):
+                raise TypeError(f"column value {values[i]!r} needs cell()")
+
+    def __call__(self, record: object) -> list[object]:
+        values: list[object] = [self.run_id, *self.values(record)]
+        for i in self.times:
+            values[i + 1] = cell(values[i + 1])
+        return values
+
+
+def _fixed(columns: Sequence[Column], record: object, run_id: int) -> list[object]:
+    return _Fixed(columns, run_id, record)(record)
 
 
 def _names(rounds: Iterable[RoundSummary], attribute: str) -> list[str]:
@@ -148,7 +187,7 @@ def _names(rounds: Iterable[RoundSummary], attribute: str) -> list[str]:
     return sorted(found)
 
 
-def _write(path: Path, header: list[str], rows: Iterator[list[str]]) -> int:
+def _write(path: Path, header: list[str], rows: Iterator[list[object]]) -> int:
     count = 0
     with path.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -161,7 +200,7 @@ def _write(path: Path, header: list[str], rows: Iterator[list[str]]) -> int:
 
 def _round_rows(
     rounds: Sequence[RoundSummary], run_id: int, dynamic: list[tuple[str, list[str]]]
-) -> Iterator[list[str]]:
+) -> Iterator[list[object]]:
     for r in rounds:
         extra = [cell(getattr(r, prefix).get(name)) for prefix, names in dynamic for name in names]
         yield _fixed(ROUND_COLUMNS, r, run_id) + extra
@@ -169,11 +208,12 @@ def _round_rows(
 
 def _participation_rows(
     rows: Iterator[ExportedParticipation], run_id: int, metric_names: list[str]
-) -> Iterator[list[str]]:
+) -> Iterator[list[object]]:
+    fixed: _Fixed | None = None
     for p in rows:
-        yield _fixed(PARTICIPATION_COLUMNS, p, run_id) + [
-            cell(p.metrics.get(name)) for name in metric_names
-        ]
+        fixed = fixed or _Fixed(PARTICIPATION_COLUMNS, run_id, p)
+        metrics = p.metrics
+        yield fixed(p) + [cell(metrics.get(name)) for name in metric_names]
 
 
 def _header(columns: Sequence[Column], dynamic: list[tuple[str, list[str]]]) -> list[str]:
@@ -223,3 +263,14 @@ FILES: tuple[tuple[str, tuple[Column, ...], tuple[tuple[str, str], ...]], ...] =
         ((PARTICIPATION_METRICS_PREFIX, "metrics the client reported"),),
     ),
 )
+
+
+def columns_markdown() -> str:
+    """The column tables of ``docs/reports.md`` (a test checks the page holds this text)."""
+    lines: list[str] = []
+    for file, columns, dynamic in FILES:
+        lines += [f"`{file}`:", "", "| column | what it holds |", "|---|---|"]
+        lines += [f"| `{c.name}` | {c.description} |" for c in columns]
+        lines += [f"| `{prefix}.NAME` | {text}, one column per NAME |" for prefix, text in dynamic]
+        lines.append("")
+    return "\n".join(lines)
