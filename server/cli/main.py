@@ -94,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser(
         "runs",
         help="inspect recorded runs",
-        description="Show runs, rounds and participations from the database.",
+        description="Show runs, rounds and participations from the database; write a run's "
+        "HTML report or CSV export.",
     )
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     listing = runs_sub.add_parser(

@@ -51,7 +51,7 @@ def add_arguments(runs_sub: Subcommands) -> None:
         description="Write DIR/report.html: one self-contained page (inline SVG) with "
         "accuracy and loss against round, time and traffic, time and bytes per round, "
         "traffic per region, the clients x rounds participation map, the run's summary and "
-        "configuration. DIR must be new or empty.",
+        "configuration. DIR must be new or empty. Needs matplotlib: pip install 'geofl[report]'.",
     )
     _add_common(report)
     report.add_argument(
