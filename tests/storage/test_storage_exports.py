@@ -324,3 +324,14 @@ def test_report_on_each_backend(
     assert "0.8 (round 3)" in page
     assert "2 committed, 1 failed of 3 planned" in page
     assert math.isclose(load_report_data(database, run_id).outcome.total_s, 12.0)
+
+
+def test_a_run_without_rounds_still_reports_and_exports(database: Database, tmp_path: Path) -> None:
+    with database.session() as session:
+        run_id = queries.create_run(session, "empty", CONFIG, 3, now=T0).id
+    page = write_report(database, run_id, tmp_path / "report").read_text(encoding="utf-8")
+    for what in ("accuracy", "loss", "round", "traffic", "participation"):
+        assert f"no {what} recorded" in page
+    result = export_csv(database, run_id, tmp_path / "csv")
+    assert (result.rounds, result.participations) == (0, 0)
+    assert _read(result.rounds_csv) == [] and _read(result.participations_csv) == []
