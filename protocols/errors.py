@@ -44,6 +44,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── ControlError                                    geofl.server.control.client
     ├── UserCodeError                                   geofl.server.models.loading
     ├── RegionalError                                   geofl.server.relay.rounds
+    ├── ReportError                                     geofl.server.reports.errors
     ├── RoundFailedError                                geofl.server.rounds.records
     ├── NoClientsError                                  geofl.server.rounds.records
     ├── PartialSyncError (also ValueError)              geofl.server.scheduling.partial_sync

@@ -13,7 +13,8 @@ Timestamps default to the current UTC time; a simulation on a virtual clock pass
 readable after the session ends.
 
 The functions live in :mod:`~geofl.storage.runs`, :mod:`~geofl.storage.rounds`,
-:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.measurements`, :mod:`~geofl.storage.events` and
+:mod:`~geofl.storage.reports`, :mod:`~geofl.storage.exports`,
+:mod:`~geofl.storage.measurements`, :mod:`~geofl.storage.events` and
 :mod:`~geofl.storage.staged`; this module is the
 one place to import them from.
 """
@@ -21,6 +22,13 @@ one place to import them from.
 from __future__ import annotations
 
 from geofl.storage.events import EventRecord, events_of
+from geofl.storage.exports import (
+    iter_participations,
+    participation_cells,
+    participation_metric_keys,
+    region_traffic_by_round,
+    run_nodes,
+)
 from geofl.storage.measurements import (
     latest_measurements,
     measurements_of,
@@ -31,7 +39,9 @@ from geofl.storage.reports import (
     get_run,
     latest_checkpoint,
     list_runs,
+    rounds_of,
     run_detail,
+    run_summary,
 )
 from geofl.storage.rounds import (
     commit_round,
@@ -76,6 +86,7 @@ __all__ = [
     "find_resumable_run",
     "finish_run",
     "get_run",
+    "iter_participations",
     "latest_checkpoint",
     "latest_measurements",
     "latest_run_named",
@@ -83,12 +94,18 @@ __all__ = [
     "mark_node",
     "mark_run_nodes",
     "measurements_of",
+    "participation_cells",
+    "participation_metric_keys",
     "participation_values",
     "record_measurements",
     "record_participation",
     "record_participations",
+    "region_traffic_by_round",
     "reopen_run",
+    "rounds_of",
     "run_detail",
+    "run_nodes",
+    "run_summary",
     "set_round_phase",
     "stage_update",
     "staged_updates",

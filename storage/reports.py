@@ -16,7 +16,15 @@ from geofl.storage.errors import RunNotFoundError
 from geofl.storage.models import Checkpoint, Node, Participation, Round, Run
 from geofl.storage.records import ParticipationRecord, RoundSummary, RunDetail, RunSummary
 
-__all__ = ["checkpoints_of", "get_run", "latest_checkpoint", "list_runs", "run_detail"]
+__all__ = [
+    "checkpoints_of",
+    "get_run",
+    "latest_checkpoint",
+    "list_runs",
+    "rounds_of",
+    "run_detail",
+    "run_summary",
+]
 
 
 def get_run(session: Session, run_id: int) -> Run:
@@ -119,6 +127,26 @@ def list_runs(session: Session) -> list[RunSummary]:
     return _summaries(session)
 
 
+def run_summary(session: Session, run_id: int) -> RunSummary:
+    """One run with its node count and total traffic (a line of ``geofl runs list``).
+
+    Raises
+    ------
+    RunNotFoundError
+        No such run.
+    """
+    found = _summaries(session, Run.id == run_id)
+    if not found:
+        raise RunNotFoundError(run_id)
+    return found[0]
+
+
+def rounds_of(session: Session, run_id: int) -> list[RoundSummary]:
+    """Every round row of a run (committed or not), by round number."""
+    rows = session.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.number))
+    return [_round_summary(row) for row in rows]
+
+
 def _round_summary(row: Round) -> RoundSummary:
     return RoundSummary(
         id=row.id,
@@ -189,8 +217,7 @@ def run_detail(session: Session, run_id: int) -> RunDetail:
         No such run.
     """
     run = get_run(session, run_id)
-    summary = _summaries(session, Run.id == run_id)[0]
-    rounds = session.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.number))
+    summary = run_summary(session, run_id)
     joined = (
         select(Participation, Round.number, Node.name, Node.region)
         .join(Round, Participation.round_id == Round.id)
@@ -201,7 +228,7 @@ def run_detail(session: Session, run_id: int) -> RunDetail:
     return RunDetail(
         run=summary,
         config=dict(run.config),
-        rounds=tuple(_round_summary(row) for row in rounds),
+        rounds=tuple(rounds_of(session, run_id)),
         participations=tuple(
             _participation_record(row, number, name, region)
             for row, number, name, region in session.execute(joined)

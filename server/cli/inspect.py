@@ -4,40 +4,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import inspect as inspect_schema
-from sqlalchemy import make_url
 from sqlalchemy.orm import Session
 
 from geofl.server.cli.exit_codes import ExitCode
+from geofl.server.cli.offline import database_url, open_recorded_database
 from geofl.storage import (
-    Database,
     StorageUnavailableError,
     current_revision,
-    open_database,
     queries,
-    redact_url,
 )
 from geofl.storage.errors import DatabaseURLError, RunNotFoundError
 from geofl.storage.events import EventRecord
 from geofl.storage.measurements import NodeMeasurementRecord
 from geofl.storage.records import RunDetail, RunSummary
 
-DEFAULT_DB = "sqlite:///runs/geofl.db"
 #: The events ``geofl runs show`` lists (rounds have their own table).
 SHOWN_EVENTS = ("run.", "security.", "flower.")
-
-
-def database_url(args: argparse.Namespace) -> str:
-    """``--db``, else ``$GEOFL_DB``, else the default SQLite file."""
-    return str(args.db or os.environ.get("GEOFL_DB") or DEFAULT_DB)
 
 
 def _mb(n: int | None) -> str:
@@ -239,40 +228,11 @@ def _traffic(wire: int, raw: int) -> str:
     return _mb(wire) if wire == raw else f"{_mb(wire)} ({_mb(raw)})"
 
 
-def open_existing(url: str) -> Database:
-    """The database at ``url`` to read from: it must exist and hold geofl's schema.
-
-    Raises
-    ------
-    StorageUnavailableError
-        If it cannot be reached, is a missing SQLite file, or holds no geofl schema.
-    """
-    _require_existing_sqlite(url)
-    db = open_database(url, migrate=False)
-    if current_revision(db) is None:
-        db.close()
-        raise StorageUnavailableError(
-            redact_url(url),
-            "it holds no geofl schema yet; start a server on it or "
-            f"run `geofl db upgrade --db {redact_url(url)}`",
-        )
-    return db
-
-
-def _require_existing_sqlite(url: str) -> None:
-    """Reading must not create an empty SQLite file as a side effect."""
-    parsed = make_url(url)
-    path = parsed.database
-    is_file = parsed.get_backend_name() == "sqlite" and path and path != ":memory:"
-    if is_file and not Path(str(path)).exists():
-        raise StorageUnavailableError(url, f"no database file at {path}")
-
-
 def run_inspect(args: argparse.Namespace) -> int:
     """Dispatch ``runs`` and ``db`` actions; returns the exit code."""
     # Wide enough for the tables when the output is not a terminal (pipes, CI logs).
     console = Console(width=None if sys.stdout.isatty() else 200)
-    url = database_url(args)
+    url = database_url(args.db)
     try:
         if args.command == "db":
             from geofl.storage import upgrade
@@ -280,27 +240,17 @@ def run_inspect(args: argparse.Namespace) -> int:
             upgrade(url)
             console.print(f"database at revision {current_revision(url)}")
             return ExitCode.OK
-        _require_existing_sqlite(url)
-        with open_database(url, migrate=False) as db:
-            # Before the session: a session starts its (on SQLite write-locking)
-            # transaction at once, and this check takes a connection of its own.
-            if current_revision(db) is None:
-                raise StorageUnavailableError(
-                    redact_url(url),
-                    "it holds no geofl schema yet; start a server on it or "
-                    f"run `geofl db upgrade --db {redact_url(url)}`",
-                )
-            with db.session() as session:
-                if args.runs_command == "list":
-                    runs = queries.list_runs(session)
-                    if args.json:
-                        print(json.dumps([r.to_dict() for r in runs], indent=2))
-                    else:
-                        console.print(runs_table(runs))
-                    return ExitCode.OK
-                detail = queries.run_detail(session, args.run_id)
-                links = _measured_links(session, args.run_id)
-                events = queries.events_of(session, args.run_id)
+        with open_recorded_database(url) as db, db.session() as session:
+            if args.runs_command == "list":
+                runs = queries.list_runs(session)
+                if args.json:
+                    print(json.dumps([r.to_dict() for r in runs], indent=2))
+                else:
+                    console.print(runs_table(runs))
+                return ExitCode.OK
+            detail = queries.run_detail(session, args.run_id)
+            links = _measured_links(session, args.run_id)
+            events = queries.events_of(session, args.run_id)
     except (StorageUnavailableError, DatabaseURLError) as exc:
         print(f"geofl: error: {exc}", file=sys.stderr)
         return ExitCode.STORAGE_UNAVAILABLE
@@ -322,12 +272,10 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 __all__ = [
     "SHOWN_EVENTS",
-    "database_url",
     "detail_tables",
     "event_line",
     "events_table",
     "links_table",
-    "open_existing",
     "run_inspect",
     "runs_table",
 ]

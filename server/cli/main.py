@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="inspect and operate runs: from the database, or a live server's control API",
         description="Show runs, rounds, participations and events from the database "
         "(--db) or a live coordinator (--server HOST:PORT --key ADMIN.key); stop a live run, "
-        "follow its events, pull a round's model.",
+        "follow its events, pull a round's model; write a run's HTML report or CSV export.",
     )
     runs_sub = runs.add_subparsers(dest="runs_command", required=True, metavar="ACTION")
     listing = runs_sub.add_parser(
@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument("--json", action="store_true", help="machine-readable JSON output")
     from geofl.server.cli.runs import add_arguments as add_runs_arguments
+    from geofl.server.cli.runs_reports import add_arguments as add_report_arguments
 
     add_runs_arguments(runs_sub.add_parser, (listing, show))
+    add_report_arguments(runs_sub)
 
     keys = sub.add_parser(
         "keys",
@@ -179,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from geofl.server.cli.credentials import run_credentials
 
         return run_credentials(args)
+    if args.command == "runs" and args.runs_command in ("report", "export"):
+        from geofl.server.cli.runs_reports import run_reports
+
+        return run_reports(args)
     if args.command == "runs":
         from geofl.server.cli.runs import run_runs
 

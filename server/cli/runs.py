@@ -18,15 +18,8 @@ from pathlib import Path
 from rich.console import Console
 
 from geofl.server.cli.exit_codes import ExitCode
-from geofl.server.cli.inspect import (
-    DEFAULT_DB,
-    database_url,
-    detail_tables,
-    event_line,
-    open_existing,
-    run_inspect,
-    runs_table,
-)
+from geofl.server.cli.inspect import detail_tables, event_line, run_inspect, runs_table
+from geofl.server.cli.offline import DEFAULT_DB, database_url, open_recorded_database
 from geofl.storage import (
     CheckpointCorruptError,
     CheckpointStore,
@@ -236,7 +229,7 @@ def _offline(args: argparse.Namespace, console: Console) -> int:
     action = args.runs_command
     if action in ("stop", "dashboard"):  # pragma: no cover - argparse requires --server
         return _error(f"runs {action} needs --server", ExitCode.USAGE)
-    url = database_url(args)
+    url = database_url(args.db)
     if action == "logs":
         _print_events(_database_events(url, args.run_id, args.follow), args.json)
         return int(ExitCode.OK)
@@ -247,7 +240,7 @@ def _offline(args: argparse.Namespace, console: Console) -> int:
         )
     from geofl.server.control.models import checkpoint_for, export_model
 
-    with open_existing(url) as db, db.session() as session:
+    with open_recorded_database(url) as db, db.session() as session:
         number, record = checkpoint_for(session, args.run_id, args.round)
     model = export_model(CheckpointStore(args.checkpoints), args.run_id, number, record)
     _write_model(args, model.round, model.data)
@@ -257,7 +250,7 @@ def _offline(args: argparse.Namespace, console: Console) -> int:
 def _database_events(url: str, run_id: int, follow: bool) -> Iterator[EventRecord]:
     """The run's events from the database; with ``follow``, until it stops running."""
     after = 0
-    with open_existing(url) as db:
+    with open_recorded_database(url) as db:
         while True:
             with db.session() as session:
                 status = queries.get_run(session, run_id).status

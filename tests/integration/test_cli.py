@@ -30,6 +30,8 @@ def test_every_exit_code_has_help_and_appears_in_geofl_help() -> None:
         (("simulate",), ["--config", "--set", "simulation.clients"]),
         (("runs", "list"), ["--db", "--json"]),
         (("runs", "show"), ["RUN_ID", "--db", "--json"]),
+        (("runs", "report"), ["RUN_ID", "--db", "--out", "geofl[report]"]),
+        (("runs", "export"), ["RUN_ID", "--db", "--csv", "docs/reports.md"]),
         (("db", "upgrade"), ["--db"]),
     ],
 )
