@@ -372,6 +372,7 @@ class Coordinator:
                     cfg.to_dict(),
                     cfg.planned_rounds,
                     simulated_clock=self.clock.simulated,
+                    digest=cfg.config_sha256(),
                     now=self.clock.now(),
                 )
                 queries.add_event(

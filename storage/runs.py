@@ -40,6 +40,7 @@ def create_run(
     rounds_planned: int,
     simulated_clock: bool = False,
     *,
+    digest: str | None = None,
     now: datetime | None = None,
 ) -> Run:
     """Insert a new run in status ``running``.
@@ -49,6 +50,9 @@ def create_run(
     config:
         The fully resolved configuration; stored as JSON with its
         :func:`~geofl.storage.values.config_digest` in ``config_sha256``.
+    digest:
+        The run's identity for resuming, if not the digest of all of ``config`` (the
+        server leaves out what only watches a run, such as its metrics endpoint).
     simulated_clock:
         True when timestamps come from a virtual clock, so reports do not read them
         as wall time.
@@ -60,7 +64,7 @@ def create_run(
         name=name,
         status=RunStatus.RUNNING.value,
         config=_metrics(config, "config"),
-        config_sha256=config_digest(config),
+        config_sha256=digest or config_digest(config),
         rounds_planned=rounds_planned,
         last_committed_round=0,
         simulated_clock=simulated_clock,

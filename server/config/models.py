@@ -65,6 +65,14 @@ MIB = 1024 * KIB
 GIB = 1024 * MIB
 #: Keys every simulated client receives in its node config; users may not set them.
 RESERVED_NODE_KEYS = ("partition-id", "num-partitions")
+#: What only watches or steers a run, left out of its resume identity
+#: (:meth:`RunConfig.config_sha256`): (section, key), or (section, None) for all of it.
+OPERATIONAL_KEYS: tuple[tuple[str, str | None], ...] = (
+    ("server", "control"),
+    ("server", "metrics"),
+    ("server", "dashboard"),
+    ("tracking", None),
+)
 #: Top-level keys whose ``null`` (an empty ``section:`` line in YAML) means "all defaults".
 _OPTIONAL_SECTIONS = frozenset(
     {
@@ -630,6 +638,17 @@ class RunConfig(Section):
         return data
 
     def config_sha256(self) -> str:
-        """SHA-256 of :meth:`to_dict` as canonical JSON (sorted keys, no spaces)."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        """The run's identity for resuming: SHA-256 of :meth:`to_dict` as canonical JSON
+        (sorted keys, no spaces), leaving out :data:`OPERATIONAL_KEYS`.
+
+        How a run is watched is not what it computes: turning the metrics or the
+        dashboard on for a restart must not make it a different run.
+        """
+        data = self.to_dict()
+        for section, key in OPERATIONAL_KEYS:
+            if key is None:
+                data.pop(section, None)
+            else:
+                data[section].pop(key, None)
+        text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()

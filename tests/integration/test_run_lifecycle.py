@@ -163,7 +163,18 @@ def test_an_interrupted_run_is_marked_and_resumes(tmp_path: Path, serve: Any) ->
     assert error == "interrupted (SIGINT/SIGTERM)"
     asyncio.run_coroutine_threadsafe(handle.coordinator.stop(), serve.loop(handle)).result(10)
 
-    resumed = Coordinator(config)  # same name and configuration: carries the run on
+    # Same name and configuration: carries the run on, also when it is now watched
+    # (a metrics endpoint and a tracker are not part of what the run computes).
+    watched = run_config(
+        tmp_path,
+        run={"rounds": 50},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+        server={"address": "127.0.0.1:0", "metrics": {"address": "127.0.0.1:0"}},
+        tracking={"tensorboard": {"log_dir": str(tmp_path / "tb")}},
+    )
+    assert watched.config_sha256() == config.config_sha256()
+    resumed = Coordinator(watched)
     try:
         assert resumed.run_id == run_id and resumed.start_round > 1
         assert _runs(config) == [(run_id, "running", None)]

@@ -457,10 +457,27 @@ def test_sha256_is_stable_and_sensitive() -> None:
     assert parse_config(one, base_dir=base).config_sha256() != sha
 
 
-def test_sha256_is_over_canonical_json() -> None:
+def test_sha256_is_over_canonical_json_without_what_only_watches_the_run() -> None:
     cfg = parse_config({"run": {"name": "x"}, "model": "m:f"}, base_dir=Path("/b"))
-    canonical = json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))
+    data = cfg.to_dict()
+    del data["tracking"]
+    for key in ("control", "metrics", "dashboard"):
+        data["server"].pop(key, None)
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     assert cfg.config_sha256() == hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_watching_a_run_does_not_change_its_identity() -> None:
+    plain = {"run": {"name": "x"}, "model": "m:f"}
+    watched = {
+        **plain,
+        "server": {"metrics": {"address": "127.0.0.1:0"}},
+        "tracking": {"tensorboard": {"log_dir": "tb"}},
+    }
+    sha = parse_config(plain, base_dir=Path("/b")).config_sha256()
+    assert parse_config(watched, base_dir=Path("/b")).config_sha256() == sha
+    changed = {**plain, "strategy": {"clients_per_round": 7}}
+    assert parse_config(changed, base_dir=Path("/b")).config_sha256() != sha
 
 
 def test_parse_config_rejects_non_mapping() -> None:
