@@ -32,6 +32,8 @@ from geofl.protocols.errors import ErrorCode, error_from_details
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.transport.servicer import SERVICE_NAME, SESSION_METADATA_KEY
 
+from .intruders import upload_header
+
 MAX_STRING = 5_000
 
 _INT_EDGES = {
@@ -193,15 +195,7 @@ MODEL = {
 
 def valid_header(task: pb.Task) -> pb.UploadHeader:
     """The header a correct client sends for ``task``: a zero delta of 10 examples."""
-    return pb.UploadHeader(
-        task_id=task.task_id,
-        round=task.round,
-        attempt=1,
-        status=pb.RESULT_STATUS_OK,
-        update_kind=pb.UPDATE_KIND_DELTA,
-        num_examples=10,
-        num_tensors=len(MODEL),
-    )
+    return upload_header(task, num_tensors=len(MODEL))
 
 
 def valid_upload(task: pb.Task) -> list[bytes]:

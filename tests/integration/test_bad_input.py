@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,50 +19,8 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.storage import open_database, queries
 
 from .conftest import run_config
-
-
-def _fit_task(conn: Connection) -> pb.Task:
-    for _ in range(100):
-        task = conn.get_task(poll_timeout_s=2.0)
-        if task.kind == pb.TASK_KIND_FIT:
-            return task
-    raise AssertionError("no fit task arrived")
-
-
-def _header(task: pb.Task) -> pb.UploadHeader:
-    return pb.UploadHeader(
-        task_id=task.task_id,
-        round=task.round,
-        attempt=1,
-        status=pb.RESULT_STATUS_OK,
-        update_kind=pb.UPDATE_KIND_DELTA,
-        num_examples=10,
-    )
-
-
-def _raw_client(port: int, name: str, act: Any, errors: list[BaseException]) -> threading.Thread:
-    """A hand-driven client that joins, takes one fit task and does ``act(conn, task)``."""
-
-    def body() -> None:
-        conn = Connection(f"127.0.0.1:{port}")
-        try:
-            conn.join(name, None, {}, timeout=5)
-            act(conn, _fit_task(conn))
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            conn.close()
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    return thread
-
-
-GOOD = {
-    "w": np.ones((4, 3), np.float32),
-    "b": np.ones(3, np.float32),
-    "steps": np.ones((), np.int64),
-}
+from .intruders import GOOD_UPDATE as GOOD
+from .intruders import raw_client, round_beside_honest_clients, upload_header
 
 
 @pytest.mark.parametrize(
@@ -80,32 +37,19 @@ GOOD = {
 def test_server_rejects_bad_updates_and_records_why(
     tmp_path: Path, serve: Any, tensors: dict[str, np.ndarray], error: type, reason: str
 ) -> None:
-    config = run_config(
+    seen = round_beside_honest_clients(
         tmp_path,
-        run={"rounds": 1},
-        evaluation={"every": 0},
-        strategy={"clients_per_round": 3, "min_clients": 2},
-    )
-    server = serve(config)
-    server.add_client(0)
-    server.add_client(1)
-    errors: list[BaseException] = []
-    raw = _raw_client(
-        server.port,
+        serve,
         "evil",
-        lambda conn, task: conn.submit(_header(task), tensors, 1 << 16, 10),
-        errors,
+        lambda conn, task: conn.submit(upload_header(task), tensors, 1 << 16, 10),
     )
-    result = server.wait()
-    raw.join(10)
-    assert len(errors) == 1 and isinstance(errors[0], error), errors
-    assert reason in str(errors[0])
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        detail = queries.run_detail(session, result.run_id)
-    evil = [p for p in detail.participations if p.node_name == "evil"]
+    assert len(seen.errors) == 1 and isinstance(seen.errors[0], error), seen.errors
+    assert reason in str(seen.errors[0])
+    evil = seen.participations_of("evil")
     assert [p.status for p in evil] == ["rejected"]
     assert reason in (evil[0].reason or "")
-    assert detail.rounds[0].status == "committed" and detail.rounds[0].num_succeeded == 2
+    assert seen.detail.rounds[0].status == "committed"
+    assert seen.detail.rounds[0].num_succeeded == 2
 
 
 def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
@@ -127,7 +71,7 @@ def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
         stub = pb_grpc.CoordinatorStub(channel)
 
         def messages() -> Iterator[pb.UploadMessage]:
-            yield pb.UploadMessage(header=_header(task))
+            yield pb.UploadMessage(header=upload_header(task))
             chunks = streams.iter_chunks(GOOD, 8)
             yield pb.UploadMessage(chunk=next(chunks))
             time.sleep(0.3)
@@ -137,7 +81,7 @@ def test_client_disconnecting_mid_upload_is_dropped_and_the_round_goes_on(
         with pytest.raises(grpc.RpcError):
             call.result(timeout=10)
 
-    raw = _raw_client(server.port, "flaky", cut, errors)
+    raw = raw_client(server.port, "flaky", cut, errors)
     result = server.wait()
     raw.join(10)
     assert not errors, errors
@@ -200,24 +144,12 @@ def test_protocol_version_mismatch_is_a_clear_error(tmp_path: Path, serve: Any) 
 
 def test_client_that_vanishes_mid_round_is_dropped_by_liveness(tmp_path: Path, serve: Any) -> None:
     """No heartbeats after taking a task: dropped long before the 60 s round deadline."""
-    config = run_config(
-        tmp_path,
-        run={"rounds": 1},
-        evaluation={"every": 0},
-        schedule={"deadline_s": 60},
-        strategy={"clients_per_round": 3, "min_clients": 2},
+    seen = round_beside_honest_clients(
+        tmp_path, serve, "ghost", lambda conn, task: None, wait_s=40, schedule={"deadline_s": 60}
     )
-    server = serve(config)
-    server.add_client(0)
-    server.add_client(1)
-    errors: list[BaseException] = []
-    raw = _raw_client(server.port, "ghost", lambda conn, task: None, errors)
-    result = server.wait(timeout=40)
-    raw.join(10)
-    assert not errors, errors
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        detail = queries.run_detail(session, result.run_id)
-    ghost = [p for p in detail.participations if p.node_name == "ghost"]
+    assert not seen.errors, seen.errors
+    ghost = seen.participations_of("ghost")
     assert [p.status for p in ghost] == ["dropped"]
     assert "heartbeats" in (ghost[0].reason or "")
-    assert detail.rounds[0].status == "committed" and detail.rounds[0].num_succeeded == 2
+    assert seen.detail.rounds[0].status == "committed"
+    assert seen.detail.rounds[0].num_succeeded == 2

@@ -14,10 +14,9 @@ from geofl.protocols.codecs import encode_tensor, parse_chain
 from geofl.protocols.errors import ProtocolError
 from geofl.protocols.tensors import EncodedTensor
 from geofl.protocols.v1 import geofl_pb2 as pb
-from geofl.storage import open_database, queries
 
 from .conftest import final_weights, run_config
-from .test_bad_input import _header, _raw_client
+from .intruders import round_beside_honest_clients, upload_header
 from .test_rounds import _detail
 
 
@@ -86,18 +85,8 @@ def test_compressed_broadcasts_are_exact_differences(tmp_path: Path, serve: Any)
 
 
 def test_undecodable_payload_is_rejected_and_recorded(tmp_path: Path, serve: Any) -> None:
-    config = run_config(
-        tmp_path,
-        run={"rounds": 1},
-        evaluation={"every": 0},
-        strategy={"clients_per_round": 3, "min_clients": 2},
-    )
-    server = serve(config)
-    server.add_client(0)
-    server.add_client(1)
     chain = parse_chain({"qsgd": {"bits": 8}})
     good = encode_tensor(np.ones((4, 3), np.float32), chain, seed=1)
-    errors: list[BaseException] = []
 
     def send_garbage(conn: Connection, task: pb.Task) -> None:
         tensors = {
@@ -105,36 +94,20 @@ def test_undecodable_payload_is_rejected_and_recorded(tmp_path: Path, serve: Any
             "b": np.ones(3, np.float32),
             "steps": np.ones((), np.int64),
         }
-        header = _header(task)
-        header.payload_bytes = len(good) // 2 + 12 + 8
+        header = upload_header(task, payload_bytes=len(good) // 2 + 12 + 8)
         conn.submit(header, tensors, 1 << 16, 10)
 
-    raw = _raw_client(server.port, "garbage", send_garbage, errors)
-    result = server.wait()
-    raw.join(10)
+    seen = round_beside_honest_clients(tmp_path, serve, "garbage", send_garbage)
     # The update is decoded when it is staged (before the ack, storage.stage_uploads), so
     # the client hears the refusal; without staging, decoding fails later, at the fold.
-    assert len(errors) == 1 and "compressed payload" in str(errors[0]), errors
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        detail = queries.run_detail(session, result.run_id)
-    bad = [p for p in detail.participations if p.node_name == "garbage"]
+    assert len(seen.errors) == 1 and "compressed payload" in str(seen.errors[0]), seen.errors
+    bad = seen.participations_of("garbage")
     assert [p.status for p in bad] == ["rejected"]
     assert "w" in (bad[0].reason or "") or "payload" in (bad[0].reason or "")
-    assert detail.rounds[0].num_succeeded == 2
+    assert seen.detail.rounds[0].num_succeeded == 2
 
 
 def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> None:
-    config = run_config(
-        tmp_path,
-        run={"rounds": 1},
-        evaluation={"every": 0},
-        strategy={"clients_per_round": 3, "min_clients": 2},
-    )
-    server = serve(config)
-    server.add_client(0)
-    server.add_client(1)
-    errors: list[BaseException] = []
-
     def unknown_codec(conn: Connection, task: pb.Task) -> None:
         from geofl.protocols import streams
 
@@ -144,7 +117,7 @@ def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> Non
             )
         )
         chunks[0].encoding.steps[0].codec = 99  # type: ignore[assignment]
-        header = _header(task)
+        header = upload_header(task)
         messages = [pb.UploadMessage(header=header).SerializeToString()]
         messages += [pb.UploadMessage(chunk=c).SerializeToString() for c in chunks]
         with pytest.raises(ProtocolError, match="unknown codec id 99"):
@@ -155,10 +128,11 @@ def test_unknown_codec_on_the_wire_is_refused(tmp_path: Path, serve: Any) -> Non
 
                 raise translate(exc) from exc  # type: ignore[arg-type]
 
-    raw = _raw_client(server.port, "garbage", unknown_codec, errors)
-    server.wait()
-    raw.join(10)
-    assert not errors, errors
+    seen = round_beside_honest_clients(tmp_path, serve, "garbage", unknown_codec)
+    assert not seen.errors, seen.errors  # the refusal was the one expected
+    assert [p.status for p in seen.participations_of("garbage")] == ["rejected"]
+    assert seen.detail.rounds[0].status == "committed"
+    assert seen.detail.rounds[0].num_succeeded == 2
 
 
 def test_runs_show_reports_compression_per_round_and_region(tmp_path: Path) -> None:

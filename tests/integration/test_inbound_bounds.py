@@ -22,15 +22,16 @@ from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 from .conftest import run_config
-from .test_bad_input import GOOD, _header, _raw_client
+from .intruders import GOOD_UPDATE as GOOD
+from .intruders import raw_client, round_beside_honest_clients, upload_header
 
 
 def _with(**fields: Any) -> Any:
+    """A header maker: a correct header with ``fields`` (and ``metrics``) set over it."""
+    metrics = fields.pop("metrics", {})
+
     def header(task: pb.Task) -> pb.UploadHeader:
-        message = _header(task)
-        metrics = fields.pop("metrics", {})
-        for key, value in fields.items():
-            setattr(message, key, value)
+        message = upload_header(task, **fields)
         for key, scalar in metrics.items():
             message.metrics[key].CopyFrom(scalar)
         return message
@@ -72,33 +73,20 @@ def test_out_of_range_header_is_a_rejected_participation(
     tmp_path: Path, serve: Any, case: str
 ) -> None:
     make_header, reason = BAD_HEADERS[case]
-    config = run_config(
+    seen = round_beside_honest_clients(
         tmp_path,
-        run={"rounds": 1},
-        evaluation={"every": 0},
-        strategy={"clients_per_round": 3, "min_clients": 2},
-    )
-    server = serve(config)
-    server.add_client(0)
-    server.add_client(1)
-    errors: list[BaseException] = []
-    raw = _raw_client(
-        server.port,
+        serve,
         "evil",
         lambda conn, task: conn.submit(make_header(task), GOOD, 1 << 16, 10),
-        errors,
     )
-    result = server.wait()
-    raw.join(10)
-    assert result.status == "completed"
-    assert len(errors) == 1 and isinstance(errors[0], ProtocolError), errors
-    assert reason in str(errors[0])
-    with open_database(config.storage.url, migrate=False) as db, db.session() as session:
-        detail = queries.run_detail(session, result.run_id)
-    evil = [p for p in detail.participations if p.node_name == "evil"]
+    assert seen.result.status == "completed"
+    assert len(seen.errors) == 1 and isinstance(seen.errors[0], ProtocolError), seen.errors
+    assert reason in str(seen.errors[0])
+    evil = seen.participations_of("evil")
     assert [p.status for p in evil] == ["rejected"]
     assert reason in (evil[0].reason or "")
-    assert detail.rounds[0].status == "committed" and detail.rounds[0].num_succeeded == 2
+    assert seen.detail.rounds[0].status == "committed"
+    assert seen.detail.rounds[0].num_succeeded == 2
 
 
 def test_max_examples_per_client_caps_a_clients_weight(tmp_path: Path, serve: Any) -> None:
@@ -113,7 +101,7 @@ def test_max_examples_per_client_caps_a_clients_weight(tmp_path: Path, serve: An
     server.add_client(0)  # adds 1 to every float tensor, reports 10 examples
     errors: list[BaseException] = []
     greedy = {**GOOD, "w": np.full((4, 3), 3.0, np.float32), "b": np.full(3, 3.0, np.float32)}
-    raw = _raw_client(
+    raw = raw_client(
         server.port,
         "greedy",
         lambda conn, task: conn.submit(_with(num_examples=2**31 - 1)(task), greedy, 1 << 16, 10),
