@@ -49,6 +49,8 @@ from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncEr
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
+from geofl.server.strategies.robust import RobustStrategy
+from geofl.server.strategies.server_opt import ServerOptStrategy
 from geofl.server.transport import CoordinatorServicer, ServerState, add_to_server
 from geofl.server.transport.guard import Rejections, RpcGuard
 from geofl.storage import (
@@ -99,9 +101,14 @@ def build_strategy(config: RunConfig) -> Strategy:
         )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
-    for key in ("clients_per_round", "min_clients", "max_examples_per_client"):
+    for key in ("clients_per_round", "min_clients", "max_examples_per_client", "robust"):
         params.pop(key, None)
-    return make_strategy(name, **params)
+    strategy = make_strategy(name, **params)
+    robust = config.strategy.robust
+    if robust is None:
+        return strategy
+    assert isinstance(strategy, ServerOptStrategy)  # the config refuses Flower + robust
+    return RobustStrategy(strategy, robust.build())
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:

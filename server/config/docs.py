@@ -125,12 +125,21 @@ def _table(model: Schema) -> list[str]:
     return [*rows, ""]
 
 
-def _sections(path: str, prop: Schema, defs: Mapping[str, Schema]) -> list[str]:
-    """Headings and tables for the model(s) held at ``path``, then their nested models."""
+def _sections(
+    path: str, prop: Schema, defs: Mapping[str, Schema], seen: set[tuple[str, str]]
+) -> list[str]:
+    """Headings and tables for the model(s) held at ``path``, then their nested models.
+
+    A model already shown at the same path is not shown again (every strategy holds the
+    same ``strategy.robust`` rules: one table each, not one per strategy).
+    """
     names = _refs(prop)
     level = "#" * min(path.count(".") + 2, 6)
     lines: list[str] = []
     for name in names:
+        if (path, name) in seen:
+            continue
+        seen.add((path, name))
         model = defs[name]
         heading = f"`{path}`"
         if len(names) > 1:
@@ -138,7 +147,7 @@ def _sections(path: str, prop: Schema, defs: Mapping[str, Schema]) -> list[str]:
         intro = _cell(str(model.get("description", "")))
         lines += [f"{level} {heading}", "", intro, "", *_table(model)]
         for key, child in model["properties"].items():
-            lines += _sections(f"{path}.{key}", child, defs)
+            lines += _sections(f"{path}.{key}", child, defs, seen)
     return lines
 
 
@@ -146,8 +155,9 @@ def render_markdown() -> str:
     """The full reference page, as Markdown."""
     schema = RunConfig.model_json_schema()
     lines = [_INTRO, "## Top-level keys", "", *_table(schema)]
+    seen: set[tuple[str, str]] = set()
     for key, prop in schema["properties"].items():
-        lines += _sections(key, prop, schema["$defs"])
+        lines += _sections(key, prop, schema["$defs"], seen)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -548,6 +548,26 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _robust_rule_composes(self) -> RunConfig:
+        """A robust rule judges individual updates in a synchronous round."""
+        robust = self.strategy.robust
+        if robust is None:
+            return self
+        if self.secure_aggregation.enabled:
+            raise ValueError(
+                f"strategy.robust ({robust.name}) cannot be combined with secure_aggregation: "
+                "the rule needs each client's update (its norm, its coordinates), and under "
+                "secure aggregation the server only ever sees the cohort's sum"
+            )
+        if self.schedule.mode != "sync":
+            raise ValueError(
+                f"strategy.robust ({robust.name}) needs schedule.mode sync, not "
+                f"{self.schedule.mode!r}: FedBuff's staleness-discounted buffer and DiLoCo's "
+                "outer step are not wired to robust rules"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _diloco_owns_the_server_step(self) -> RunConfig:
         """DiLoCo's outer optimizer is the server step; another strategy would be ignored."""
         if self.schedule.mode == "diloco" and self.strategy.name != "fedavg":

@@ -27,6 +27,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from geofl.server.config.fields import ConfigScalar, Section
+from geofl.server.config.robust import RobustConfig
 from geofl.server.strategies.flower import (
     FLOWER_STRATEGIES,
     FLOWER_WRAPPERS,
@@ -54,7 +55,9 @@ __all__ = [
 DEFAULT_STRATEGY = "fedavg"
 #: The key selecting a Flower strategy, and the ``name`` such a strategy section carries.
 FLOWER_KEY = "flower"
-_COMMON_KEYS = frozenset({"name", "clients_per_round", "min_clients", "max_examples_per_client"})
+_COMMON_KEYS = frozenset(
+    {"name", "clients_per_round", "min_clients", "max_examples_per_client", "robust"}
+)
 
 
 def _server_lr(default: float) -> Any:
@@ -111,6 +114,32 @@ class StrategyBase(Section):
         ),
     )
 
+    robust: RobustConfig | None = Field(
+        default=None,
+        description=(
+            "A robust rule in place of the weighted mean, e.g. {name: median, byzantine: 1}; "
+            "the server optimizer then steps from its aggregate (docs/robust.md). "
+            "null = the plain weighted mean."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _within_breakdown(self) -> StrategyBase:
+        """A round may commit with min_clients updates: the rule must hold for that many."""
+        if self.robust is None:
+            return self
+        rule = self.robust.build()
+        needed = rule.min_updates()
+        if self.min_clients < needed:
+            raise ValueError(
+                f"robust rule {rule.name} with {_settings(rule.hyperparameters())} needs at "
+                f"least {needed} updates per round ({_BREAKDOWN[rule.name]}), but "
+                f"min_clients is {self.min_clients} (clients_per_round "
+                f"{self.clients_per_round}) and a round may commit with min_clients updates: "
+                "raise min_clients and clients_per_round, or tolerate fewer attackers"
+            )
+        return self
+
     @field_validator("min_clients")
     @classmethod
     def _within_cohort(cls, value: int, info: ValidationInfo) -> int:
@@ -122,6 +151,22 @@ class StrategyBase(Section):
     def params(self) -> dict[str, float]:
         """The strategy's own hyperparameters, by name (cohort keys and ``name`` left out)."""
         return {key: value for key, value in self.model_dump().items() if key not in _COMMON_KEYS}
+
+
+#: How each rule's breakdown point reads, for the error naming it.
+_BREAKDOWN = {
+    "clip": "at least one",
+    "adaptive_clip": "at least one",
+    "median": "the median tolerates f < n / 2",
+    "trimmed_mean": "trimming f from each end needs 2f < n",
+    "krum": "Krum needs n > 2f + 2",
+    "multi_krum": "Krum needs n > 2f + 2, and select <= n - f",
+    "centered_clip": "an honest majority, 2f < n",
+}
+
+
+def _settings(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in params.items())
 
 
 class FedAvgConfig(StrategyBase):
@@ -253,6 +298,18 @@ class FlowerStrategyConfig(StrategyBase):
                 "flower one of Flower's"
             )
         return data
+
+    @field_validator("robust")
+    @classmethod
+    def _no_robust_rule(cls, value: RobustConfig | None) -> RobustConfig | None:
+        if value is not None:
+            raise ValueError(
+                "a robust rule cannot run in front of a Flower strategy (Flower aggregates "
+                "the updates itself); use a geofl strategy (fedavg, fedavgm, fedprox, fedadam, "
+                "fedyogi, fedadagrad) with strategy.robust, or Flower's own FedMedian, "
+                "FedTrimmedAvg or Krum"
+            )
+        return value
 
     @field_validator("flower")
     @classmethod

@@ -33,6 +33,10 @@ class RoundObserver:
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         """One task of round ``number`` settled (result, failure, deadline or drop)."""
 
+    def task_revised(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        """A settled task's status or reason changed at aggregation: a robust rule left its
+        update out, or cut it down, once it had seen the whole round."""
+
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView
     ) -> None:
@@ -76,6 +80,10 @@ class Observers(RoundObserver):
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         for observer in self._observers:
             observer.task_settled(number, task, outcome)
+
+    def task_revised(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        for observer in self._observers:
+            observer.task_revised(number, task, outcome)
 
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView

@@ -103,6 +103,11 @@ class DatabaseRecorder(RoundObserver):
         )
         self._pending.append((self._round_ids[number], values))
 
+    def task_revised(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        """Write the participation again: rows are keyed by task and attempt, so the
+        revised status and reason replace the ones recorded when the task settled."""
+        self.task_settled(number, task, outcome)
+
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView
     ) -> None:

@@ -35,6 +35,7 @@ from geofl.protocols.types import Weights
 from geofl.server.models.staging import ResumedUpdate, resumed_task
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
+from geofl.server.rounds.aggregation import Aggregation
 from geofl.server.rounds.evaluation import Evaluation
 from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.records import (
@@ -48,7 +49,7 @@ from geofl.server.rounds.records import (
 )
 from geofl.server.rounds.secure import SecureRound
 from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
-from geofl.server.strategies import StrategyError, StreamingMean
+from geofl.server.strategies import StrategyError
 from geofl.storage import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
@@ -123,9 +124,31 @@ class SyncEngine:
         resumed = self._resumed(record.number)
         cohort = await self._select(record.number, skip={u.record.node_id for u in resumed})
         if self._parts.secure is not None:
-            fit_results, accumulator = await self._secure_fit(record, cohort, clock)
+            fit_results, aggregation = await self._secure_fit(record, cohort, clock)
         else:
-            fit_results, accumulator = await self._plain_fit(record, cohort, clock, resumed)
+            fit_results, aggregation = await self._plain_fit(record, cohort, clock, resumed)
+        try:
+            new_weights = await self._aggregate(record, clock, fit_results, aggregation)
+        finally:
+            aggregation.close()  # a robust rule's spilled updates, whatever became of the round
+        del aggregation
+        await self._models.publish(record.number, new_weights)
+        clock.enter(Phase.EVALUATE)
+        await self._evaluate(record, new_weights)
+        clock.enter(Phase.COMMIT)
+        await self._observer.round_committed(record, new_weights, self._strategy.state())
+        self.weights = new_weights
+        clock.stop()
+
+    async def _aggregate(
+        self,
+        record: RoundRecord,
+        clock: PhaseClock,
+        fit_results: list[Outcome],
+        aggregation: Aggregation,
+    ) -> Weights:
+        """AGGREGATE: the round's mean (or robust aggregate), its verdicts recorded, and the
+        server step; a round short of ``min_clients`` results fails here."""
         if len(fit_results) < self._cfg.min_clients:
             clock.enter(Phase.FAILED)
             tried = sum(1 for task, _ in record.outcomes if task.kind == "fit")
@@ -138,21 +161,13 @@ class SyncEngine:
             self._strategy, fit_results, self._cfg.max_examples_per_client
         )
         try:
-            mean = await asyncio.to_thread(accumulator.mean)
-            del accumulator  # its float64 sums are twice the model: free them before the step
-            new_weights = await asyncio.to_thread(
-                self._strategy.apply, self.weights, mean, record.number
-            )
+            mean = await asyncio.to_thread(aggregation.mean)
+            aggregation.revise(record.number, self._observer)
+            aggregation.close()  # its float64 sums are twice the model: free them before the step
+            return await asyncio.to_thread(self._strategy.apply, self.weights, mean, record.number)
         except StrategyError as exc:  # e.g. an aggregate that overflows float16
             clock.enter(Phase.FAILED)
             raise RoundFailedError(f"aggregation failed: {exc}") from exc
-        await self._models.publish(record.number, new_weights)
-        clock.enter(Phase.EVALUATE)
-        await self._evaluate(record, new_weights)
-        clock.enter(Phase.COMMIT)
-        await self._observer.round_committed(record, new_weights, self._strategy.state())
-        self.weights = new_weights
-        clock.stop()
 
     # ----------------------------------------------------------- fit
 
@@ -168,29 +183,29 @@ class SyncEngine:
         cohort: list[NodeSession],
         clock: PhaseClock,
         resumed: Sequence[ResumedUpdate] = (),
-    ) -> tuple[list[Outcome], StreamingMean]:
+    ) -> tuple[list[Outcome], Aggregation]:
         """Broadcast and fit, folding each update into the running mean as it arrives.
 
         Updates staged before a restart are folded first; their nodes are not in
         ``cohort``. With every update staged, there is nothing to broadcast.
         """
         clock.enter(Phase.BROADCAST)
-        accumulator = self._strategy.begin_round(self.weights)
+        aggregation = Aggregation(self._strategy.begin_round(self.weights))
         cap = self._cfg.max_examples_per_client
-        results = [await self._refold(record, update, accumulator) for update in resumed]
+        results = [await self._refold(record, update, aggregation) for update in resumed]
         results = [outcome for outcome in results if outcome.status == "ok"]
 
         async def fold(task: TaskRecord, outcome: Outcome) -> Outcome:
-            return await fold_update(outcome, accumulator.add, cap)
+            return await fold_update(outcome, aggregation.folder(task, outcome), cap)
 
         if not cohort:
             clock.enter(Phase.FIT)
-            return results, accumulator
+            return results, aggregation
         results += await self._fit_tasks(record, clock, cohort, None, fold)
-        return results, accumulator
+        return results, aggregation
 
     async def _refold(
-        self, record: RoundRecord, update: ResumedUpdate, accumulator: StreamingMean
+        self, record: RoundRecord, update: ResumedUpdate, aggregation: Aggregation
     ) -> Outcome:
         """Fold one staged update again (its file's digest checked first) and record it."""
         task, outcome = resumed_task(update, asyncio.get_running_loop())
@@ -200,7 +215,8 @@ class SyncEngine:
             outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
         else:
             outcome.payload = DeltaUpdate(tensors)
-            outcome = await fold_update(outcome, accumulator.add, self._cfg.max_examples_per_client)
+            fold = aggregation.folder(task, outcome)
+            outcome = await fold_update(outcome, fold, self._cfg.max_examples_per_client)
         record.outcomes.append((task, outcome))
         self._observer.task_settled(record.number, task, outcome)
         log.info(
@@ -213,7 +229,7 @@ class SyncEngine:
 
     async def _secure_fit(
         self, record: RoundRecord, cohort: list[NodeSession], clock: PhaseClock
-    ) -> tuple[list[Outcome], StreamingMean]:
+    ) -> tuple[list[Outcome], Aggregation]:
         """The SecAgg+ stages around the fit: only the survivors' sum is ever unmasked.
 
         A stage that leaves fewer clients than the threshold aborts the round (recorded,
@@ -262,7 +278,7 @@ class SyncEngine:
             raise RoundFailedError(secagg_abort_reason(abort.stage, abort.reason)) from abort
         accumulator = self._strategy.begin_round(self.weights)
         await asyncio.to_thread(accumulator.add, mean, weight)
-        return fit_results, accumulator
+        return fit_results, Aggregation(accumulator)
 
     async def _fit_tasks(
         self,

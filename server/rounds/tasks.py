@@ -26,7 +26,7 @@ from geofl.server.nodes.registry import NodeSession, Registry, TaskKindName, Tas
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import RoundRecord
 from geofl.server.scheduling.scheduler import Scheduler
-from geofl.server.strategies import Strategy, UpdateRejected
+from geofl.server.strategies import Strategy, UpdateCheck, UpdateRejected
 
 #: What an engine does with a good result before it is recorded (fold it, feed SecAgg+).
 TakeResult = Callable[[TaskRecord, Outcome], Awaitable[Outcome]]
@@ -267,20 +267,27 @@ def weight_of(num_examples: int, cap: int | None) -> int:
 
 
 async def fold_update(
-    outcome: Outcome, fold: Callable[[WeightsView, float], None], cap: int | None = None
+    outcome: Outcome,
+    fold: Callable[[WeightsView, float], UpdateCheck | None],
+    cap: int | None = None,
 ) -> Outcome:
     """Fold a fit's update into a running sum, weighted by its (capped) examples; free it.
 
-    An update the strategy or its codec refuses makes the outcome ``rejected``.
+    An update the strategy or its codec refuses makes the outcome ``rejected``; one a robust
+    rule changed on arrival (clipped) stays ``ok`` and carries the rule's reason.
     """
     payload = outcome.payload
     if not isinstance(payload, DeltaUpdate):
         outcome.refuse("rejected", "a fit result without an update")
         return outcome
     try:
-        await asyncio.to_thread(fold, payload.tensors, float(weight_of(outcome.num_examples, cap)))
+        weight = float(weight_of(outcome.num_examples, cap))
+        check = await asyncio.to_thread(fold, payload.tensors, weight)
     except (UpdateRejected, CodecError) as rejected:
         outcome.status, outcome.reason = "rejected", str(rejected)
+    else:
+        if check is not None and check.reason is not None:
+            outcome.reason = check.reason
     finally:
         outcome.release()
     return outcome

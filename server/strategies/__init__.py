@@ -7,6 +7,7 @@ Build strategies by name with :func:`make_strategy`. Flower 1.42's strategies ru
 """
 
 from geofl.server.strategies.base import Strategy, weighted_metrics
+from geofl.server.strategies.checks import UpdateCheck
 from geofl.server.strategies.errors import StrategyError, UpdateRejected
 from geofl.server.strategies.fedavg import FedAvg, FedAvgM, FedProx
 from geofl.server.strategies.fedopt import FedAdagrad, FedAdam, FedOpt, FedYogi
@@ -40,6 +41,7 @@ __all__ = [
     "StrategyError",
     "StreamingMean",
     "TensorSpecLike",
+    "UpdateCheck",
     "UpdateRejected",
     "make_strategy",
     "weighted_metrics",

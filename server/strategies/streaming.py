@@ -28,6 +28,7 @@ import numpy.typing as npt
 
 from geofl.protocols.types import Weights, WeightsView
 from geofl.server.strategies._numeric import F64Array, blocks, delta_dtype, flat, to_dtype
+from geofl.server.strategies.checks import UpdateCheck
 from geofl.server.strategies.errors import StrategyError, UpdateRejected
 
 __all__ = ["StreamingMean", "TensorSpecLike"]
@@ -89,11 +90,17 @@ class StreamingMean:
         """Tensor names in model order."""
         return tuple(self._slots)
 
-    def add(self, update: WeightsView, weight: float) -> None:
+    def add(self, update: WeightsView, weight: float) -> UpdateCheck | None:
         """Fold one client delta, weighted by ``weight``, into the running sums.
 
         Reads each ``update[name]`` exactly twice, in spec order: first to validate the
         whole update, then to fold it (see the module docstring for why).
+
+        Returns
+        -------
+        UpdateCheck | None
+            What a robust rule made of the update (None here: the plain mean uses it as
+            it is). The engine records its reason with the client's participation.
 
         Raises
         ------
@@ -102,17 +109,42 @@ class StreamingMean:
             or a tensor has the wrong shape, a non-numeric dtype or a non-finite value
             (also when multiplying by ``weight`` would overflow). Nothing is folded then.
         """
+        self.fold(update, self.validate(update, weight))
+        return None
+
+    def validate(self, update: WeightsView, weight: float) -> float:
+        """Check one whole update (names, shapes, dtypes, finite values); return the weight.
+
+        Raises
+        ------
+        UpdateRejected
+            As :meth:`add`; reads every tensor once.
+        """
         factor = _check_weight(weight)
         self._check_names(update)
         for name, slot in self._slots.items():
             _check_tensor(name, slot, update[name], factor)
+        return factor
+
+    def fold(self, update: WeightsView, weight: float, float_scale: float = 1.0) -> None:
+        """Fold an update :meth:`validate` accepted: float tensors count ``weight *
+        float_scale``, integer tensors ``weight``; the total weight grows by ``weight``.
+
+        ``float_scale`` is how a norm bound shrinks an update without touching integer
+        counters (a clipped update still counts as one whole client in the mean).
+        """
         with self._lock:
             for name, slot in self._slots.items():
                 values, total = flat(np.asarray(update[name])), slot.total.reshape(-1)
+                factor = weight * float_scale if slot.dtype.kind == "f" else weight
                 for part in blocks(values.size):
                     total[part] += np.multiply(values[part], factor, dtype=np.float64)
             self.count += 1
-            self.total_weight += factor
+            self.total_weight += weight
+
+    def close(self) -> None:
+        """Free what the accumulator holds outside memory (nothing here; spilled rules
+        remove their files). Safe to call more than once."""
 
     def mean(self) -> Weights:
         """Return the weighted mean delta, each tensor in its own dtype.

@@ -180,7 +180,7 @@ def test_typo_names_line_and_allowed_keys(tmp_path: Path) -> None:
     path = write(tmp_path, text)
     assert problems_of(path) == [
         f"{path}:5: strategy.clients_per_rond: unknown key; allowed keys: "
-        "clients_per_round, max_examples_per_client, min_clients, name, server_lr"
+        "clients_per_round, max_examples_per_client, min_clients, name, robust, server_lr"
     ]
 
 
