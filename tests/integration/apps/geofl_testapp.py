@@ -1,9 +1,10 @@
 """A numpy-only app for integration tests; behaviour chosen per node by node config.
 
 Node config ``behaviour``: ``ok`` (default), ``wrong-shape``, ``raise``, ``slow``
-(sleeps ``delay_s`` seconds in fit). With ``count-dir`` set, every fit appends its
-``server_round`` to ``<count-dir>/<partition-id>.log`` (how often a client trained).
-Every client adds ``1 + partition-id`` to the float tensors and reports
+(sleeps ``delay_s`` seconds in fit), ``scaled`` (its float delta multiplied by ``scale``:
+an attacker whose update is finite, so it passes every check). With ``count-dir`` set,
+every fit appends its ``server_round`` to ``<count-dir>/<partition-id>.log`` (how often a
+client trained). Every client adds ``1 + partition-id`` to the float tensors and reports
 ``10 * (partition-id + 1)`` examples, so the aggregate of a round is known exactly.
 """
 
@@ -31,11 +32,19 @@ def server_evaluate(weights: WeightsView) -> tuple[float, dict[str, float]]:
 
 
 class ScriptedClient(Client):
-    def __init__(self, partition: int, behaviour: str, delay_s: float, count_dir: str = "") -> None:
+    def __init__(
+        self,
+        partition: int,
+        behaviour: str,
+        delay_s: float,
+        count_dir: str = "",
+        scale: float = 1.0,
+    ) -> None:
         self.partition = partition
         self.behaviour = behaviour
         self.delay_s = delay_s
         self.count_dir = count_dir
+        self.scale = scale if behaviour == "scaled" else 1.0
 
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
         if self.count_dir:
@@ -45,10 +54,8 @@ class ScriptedClient(Client):
             raise ValueError("deliberate failure in fit")
         if self.behaviour == "slow":
             time.sleep(self.delay_s)
-        out = {
-            k: v + (1 + self.partition) if v.dtype.kind == "f" else v + 1
-            for k, v in parameters.items()
-        }
+        shift = (1 + self.partition) * self.scale
+        out = {k: v + shift if v.dtype.kind == "f" else v + 1 for k, v in parameters.items()}
         if self.behaviour == "wrong-shape":
             out["w"] = np.zeros((5, 3), np.float32)
         return out, 10 * (self.partition + 1), {"train_loss": float(self.partition)}
@@ -64,6 +71,7 @@ def client_app(context: ClientContext) -> Client:
         str(node.get("behaviour", "ok")),
         float(node.get("delay_s", 1.0)),
         str(node.get("count-dir", "")),
+        float(node.get("scale", 1.0)),
     )
 
 
@@ -95,8 +103,8 @@ def _ids(context: ClientContext, key: str) -> set[int]:
 class VirtualClient(ShiftClient):
     """``ShiftClient`` whose failure modes are chosen by partition id (node config lists)."""
 
-    def __init__(self, shift: float, behaviour: str) -> None:
-        super().__init__(shift)
+    def __init__(self, shift: float, behaviour: str, scale: float = 1.0) -> None:
+        super().__init__(shift * scale if behaviour == "scaled" else shift)
         self.behaviour = behaviour
 
     def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
@@ -109,12 +117,14 @@ class VirtualClient(ShiftClient):
 
 
 def virtual_app(context: ClientContext) -> Client:
-    """``raise-ids`` / ``nan-ids`` (comma-separated partition ids) fail or send NaN; each
-    client trains on 100 examples and adds ``1 + partition-id`` to every weight."""
+    """``raise-ids`` / ``nan-ids`` / ``scaled-ids`` (comma-separated partition ids) fail,
+    send NaN, or multiply their shift by ``scale``; each client trains on 100 examples and
+    adds ``1 + partition-id`` to every weight."""
     index = int(context.node_config.get("partition-id", 0))
     behaviour = "raise" if index in _ids(context, "raise-ids") else "ok"
     behaviour = "nan" if index in _ids(context, "nan-ids") else behaviour
-    return VirtualClient(1.0 + index, behaviour)
+    behaviour = "scaled" if index in _ids(context, "scaled-ids") else behaviour
+    return VirtualClient(1.0 + index, behaviour, float(context.node_config.get("scale", 1.0)))
 
 
 def make_medium_model() -> Weights:
