@@ -18,7 +18,7 @@ import pytest
 from geofl.server.cli.main import main as geofl_main
 from geofl.server.simulation.virtual import run_virtual_simulation
 
-from .conftest import final_weights, run_config, run_rows
+from .conftest import final_weights, link_model, run_config, run_rows
 
 ATTACK = 1e6
 
@@ -137,3 +137,48 @@ def test_multi_krum_on_the_virtual_clock(tmp_path: Path) -> None:
     assert len(attacker) == 2
     assert all(p.status == "rejected" for p in attacker)
     assert all((p.reason or "").startswith("multi_krum: not selected") for p in attacker)
+
+
+THREE_REGIONS = {
+    "near": {"share": 0.25, "rtt_ms": 20, "up_mbps": 8, "down_mbps": 40},
+    "mid": {"share": 0.25, "rtt_ms": 80, "up_mbps": 2, "down_mbps": 10},
+    "far": {"share": 0.5, "rtt_ms": 200, "up_mbps": 0.5, "down_mbps": 2},
+}
+
+
+def test_a_rule_at_the_coordinator_runs_among_regions(tmp_path: Path) -> None:
+    """Three relays; one client of the far region is scaled by 10^6, which poisons that
+    region's FedAvg. The coordinator's median of the three regional updates ignores it."""
+
+    def relayed(node_config: dict[str, Any]) -> Any:
+        return run_config(
+            tmp_path,
+            run={"name": "relayed-attack", "rounds": 1, "seed": 1},
+            strategy={
+                "clients_per_round": 3,
+                "min_clients": 3,
+                "robust": {"name": "median", "byzantine": 1},
+            },
+            schedule={"deadline_s": 600, "wait_for_clients_s": 5},
+            evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
+            simulation={
+                "clients": 8,
+                "app": "geofl_testapp:virtual_app",
+                "clock": "virtual",
+                "workers": 0,
+                "relays": True,
+                "regions": THREE_REGIONS,
+                "node_config": node_config,
+            },
+        )
+
+    links = link_model(relayed({}))
+    attacker = links.clients_in("far")[0]
+    config = relayed({"scaled-ids": str(attacker), "scale": ATTACK})
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed"
+    near, mid = (np.mean([1 + c for c in links.clients_in(r)]) for r in ("near", "mid"))
+    np.testing.assert_allclose(final_weights(config)["w"], max(near, mid), rtol=1e-6)
+    _, _, pairs = run_rows(config)
+    reasons = {node.name: p.reason for p, node in pairs if p.kind == "fit" and node.region == "far"}
+    assert any((r or "").startswith("median: not a middle value") for r in reasons.values())

@@ -24,6 +24,7 @@ from geofl.server.strategies.robust import (
     make_rule,
 )
 from geofl.server.strategies.robust import spill as spill_module
+from geofl.storage import CheckpointStore
 
 SETTINGS = settings(max_examples=25, deadline=None)
 
@@ -247,3 +248,41 @@ def test_rules_refuse_bad_settings_by_name() -> None:
         make_rule("mean")
     with pytest.raises(ValueError, match="unexpected keyword"):
         make_rule("krum", byzantine=1, select=2)
+
+
+def test_a_full_disk_rejects_that_update_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    accumulator = CoordinateMedian(0, spill_dir=tmp_path).accumulator(MODEL)
+    good, lost = random_updates(12, 2)
+    accumulator.add(good, 1.0)
+
+    def no_space(layout: object, update: object, target: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(spill_module.ModelLayout, "write", no_space)
+    with pytest.raises(UpdateRejected, match="could not spill the update to disk"):
+        accumulator.add(lost, 1.0)
+    monkeypatch.undo()
+    assert len(list(accumulator.directory.iterdir())) == 1
+    np.testing.assert_allclose(flat(accumulator.mean()), as_model(stacked([good])[0]), rtol=1e-6)
+    accumulator.close()
+
+
+def test_rule_state_survives_a_checkpoint(tmp_path: Path) -> None:
+    """The centre is saved beside the model and restored on resume."""
+    strategy = RobustStrategy(FedAdam(), CenteredClip(radius=1.0))
+    accumulator = strategy.begin_round(MODEL)
+    for update in random_updates(13, 3):
+        accumulator.add(update, 1.0)
+    mean = accumulator.mean()
+    accumulator.close()
+    new_weights = strategy.apply(MODEL, mean, 1)
+    store = CheckpointStore(tmp_path)
+    record = store.save(1, 1, new_weights, strategy.state())
+    _, state = store.load(record)
+    resumed = RobustStrategy(FedAdam(), CenteredClip(radius=1.0))
+    resumed.load_state(state)
+    for key, value in strategy.state().items():
+        np.testing.assert_array_equal(resumed.state()[key], value)
+    assert "robust:center" in state

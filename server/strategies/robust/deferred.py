@@ -27,7 +27,7 @@ import numpy as np
 from geofl.protocols.types import Config, Weights, WeightsView
 from geofl.server.strategies._numeric import F64Array
 from geofl.server.strategies.checks import UpdateCheck
-from geofl.server.strategies.errors import StrategyError
+from geofl.server.strategies.errors import StrategyError, UpdateRejected
 from geofl.server.strategies.robust import kernels
 from geofl.server.strategies.robust.rule import RobustRule, state_vector
 from geofl.server.strategies.robust.spill import ModelLayout, SpilledUpdates
@@ -109,7 +109,10 @@ class SpilledAccumulator(StreamingMean):
         """
         self.validate(update, weight)
         check = UpdateCheck(self._rule.name)
-        index = self._spill.append(update)
+        try:
+            index = self._spill.append(update)
+        except OSError as exc:  # the server's disk, not the client: the round goes on
+            raise UpdateRejected(f"the server could not spill the update to disk: {exc}") from exc
         with self._lock:
             self._checks[index] = check
             self.count += 1
@@ -126,6 +129,8 @@ class SpilledAccumulator(StreamingMean):
         """
         with self._lock:
             n, needed = len(self._checks), self._rule.min_updates()
+            if n != len(self._spill):
+                raise StrategyError(f"{n} updates checked but {len(self._spill)} spilled")
             if n < needed:
                 raise StrategyError(
                     f"{self._rule.name} with byzantine={self._rule.byzantine} needs at least "

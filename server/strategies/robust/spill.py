@@ -16,6 +16,7 @@ closed (or garbage-collected, or at interpreter exit).
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 import threading
@@ -118,6 +119,7 @@ class SpilledUpdates:
         self.layout = layout
         self.directory = Path(tempfile.mkdtemp(prefix="geofl-robust-", dir=parent))
         self._maps: list[np.memmap[Any, np.dtype[np.float64]]] = []
+        self._names = itertools.count()
         self._lock = threading.Lock()
         self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
@@ -125,16 +127,29 @@ class SpilledUpdates:
         return len(self._maps)
 
     def append(self, update: WeightsView) -> int:
-        """Write one (validated) update to a new file; return its index."""
+        """Write one (validated) update to a new file; return its index among the updates.
+
+        An update counts only once its file is complete: a failed write (a full disk)
+        removes the file and raises, and the other updates are unaffected.
+
+        Raises
+        ------
+        OSError
+            If the file cannot be created or written.
+        """
         with self._lock:
-            index = len(self._maps)
-            path = self.directory / f"{index}.f64"
-            shape = (max(self.layout.size, 1),)  # a memmap cannot be empty
+            path = self.directory / f"{next(self._names)}.f64"
+        shape = (max(self.layout.size, 1),)  # a memmap cannot be empty
+        try:
             mapped = np.memmap(path, dtype=np.float64, mode="w+", shape=shape)
+            self.layout.write(update, mapped)
+            mapped.flush()
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        with self._lock:
             self._maps.append(mapped)
-        self.layout.write(update, mapped)
-        mapped.flush()
-        return index
+            return len(self._maps) - 1
 
     def block_size(self) -> int:
         """Coordinates per block: about :data:`BLOCK` float64 values in all."""
