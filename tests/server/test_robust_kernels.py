@@ -64,7 +64,20 @@ def test_square_distances_are_pairwise(block: np.ndarray) -> None:
     kernels.accumulate_square_distances(block[:, :half], into)  # summed over two blocks
     kernels.accumulate_square_distances(block[:, half:], into)
     expected = ((block[:, None, :] - block[None, :, :]) ** 2).sum(axis=2)
-    np.testing.assert_allclose(into, expected, rtol=1e-12, atol=1e-6)
+    scale = float((block - np.median(block, axis=0)).max(initial=0.0) ** 2) * block.shape[1]
+    np.testing.assert_allclose(into, expected, rtol=1e-9, atol=1e-9 * max(scale, 1.0))
+
+
+def test_close_updates_far_from_zero_keep_their_distances() -> None:
+    """The cancellation the centring avoids: updates 1e-3 apart, all about 1e6 from zero
+    (uncentred, |a|^2 ~ 5e13 leaves no digits for distances ~ 1e-4), and an attacker."""
+    rng = np.random.default_rng(0)
+    honest = 1e6 + 1e-3 * rng.normal(size=(6, 50))
+    block = np.concatenate([honest, np.full((1, 50), 1e12)])
+    into = np.zeros((7, 7))
+    kernels.accumulate_square_distances(block, into)
+    expected = ((honest[:, None, :] - honest[None, :, :]) ** 2).sum(axis=2)
+    np.testing.assert_allclose(into[:6, :6], expected, rtol=1e-6, atol=1e-9)
 
 
 @SETTINGS

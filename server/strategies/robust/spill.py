@@ -9,9 +9,10 @@ exact whatever the model's dtypes (an integer counter is exact in float64 below 
 
 Memory: the process holds one block (``n x B x 8`` bytes, ``B = max(4096, 2**20 // n)``,
 so about 8 MiB) plus what the rule keeps per coordinate (at most two model-sized float64
-vectors); the files' pages are page cache, which the kernel writes back and evicts under
-pressure. Disk: ``8 x parameters x n`` bytes, removed when the round's accumulator is
-closed (or garbage-collected, or at interpreter exit).
+vectors). A file is mapped only while it is written, and each block only while it is
+read, so the files' pages are page cache, outside the process's resident set, which the
+kernel writes back and evicts under pressure. Disk: ``8 x parameters x n`` bytes, removed
+when the round's accumulator is closed (or garbage-collected, or at interpreter exit).
 """
 
 from __future__ import annotations
@@ -118,13 +119,13 @@ class SpilledUpdates:
     def __init__(self, layout: ModelLayout, parent: Path | None = None) -> None:
         self.layout = layout
         self.directory = Path(tempfile.mkdtemp(prefix="geofl-robust-", dir=parent))
-        self._maps: list[np.memmap[Any, np.dtype[np.float64]]] = []
+        self._paths: list[Path] = []
         self._names = itertools.count()
         self._lock = threading.Lock()
         self._removal = weakref.finalize(self, shutil.rmtree, self.directory, True)
 
     def __len__(self) -> int:
-        return len(self._maps)
+        return len(self._paths)
 
     def append(self, update: WeightsView) -> int:
         """Write one (validated) update to a new file; return its index among the updates.
@@ -144,28 +145,42 @@ class SpilledUpdates:
             mapped = np.memmap(path, dtype=np.float64, mode="w+", shape=shape)
             self.layout.write(update, mapped)
             mapped.flush()
+            del mapped  # unmapped: its pages stay in the page cache, out of this process
         except BaseException:
             path.unlink(missing_ok=True)
             raise
         with self._lock:
-            self._maps.append(mapped)
-            return len(self._maps) - 1
+            self._paths.append(path)
+            return len(self._paths) - 1
 
     def block_size(self) -> int:
         """Coordinates per block: about :data:`BLOCK` float64 values in all."""
-        return max(MIN_BLOCK, BLOCK // max(len(self._maps), 1))
+        return max(MIN_BLOCK, BLOCK // max(len(self._paths), 1))
 
     def parts(self) -> Iterator[slice]:
         """Consecutive coordinate ranges covering the model, one block each."""
         return blocks(self.layout.size, self.block_size())
 
     def block(self, part: slice, rows: Any = None) -> F64Array:
-        """The ``(n, B)`` block of coordinates ``part`` (of the updates ``rows``, or all)."""
-        maps = self._maps if rows is None else [self._maps[int(i)] for i in rows]
-        return np.stack([np.asarray(m[part]) for m in maps]).astype(np.float64, copy=False)
+        """The ``(n, B)`` block of coordinates ``part`` (of the updates ``rows``, or all).
+
+        Each file is mapped for just this block and unmapped at once, so the process
+        holds one block of the files at a time, not the files.
+        """
+        paths = self._paths if rows is None else [self._paths[int(i)] for i in rows]
+        out = np.empty((len(paths), part.stop - part.start), dtype=np.float64)
+        if out.size == 0:
+            return out
+        for row, path in enumerate(paths):
+            piece = np.memmap(
+                path, dtype=np.float64, mode="r", offset=part.start * 8, shape=(out.shape[1],)
+            )
+            out[row] = piece
+            del piece
+        return out
 
     def close(self) -> None:
         """Unmap and delete the files (safe to call again)."""
         with self._lock:
-            self._maps.clear()
+            self._paths.clear()
         self._removal()
