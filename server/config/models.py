@@ -29,6 +29,7 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.metrics import MetricsConfig
+from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.config.schedule import (
     AsyncConfig,
     DilocoConfig,
@@ -333,6 +334,22 @@ class SimulatedRelays(Section):
     min_clients: int = Field(
         default=1, ge=1, description="A regional round fails below this many results."
     )
+    robust: RobustConfig | None = Field(
+        default=None,
+        description="A robust rule for the regional rounds in place of FedAvg's mean, e.g. "
+        "{name: median, byzantine: 1} (docs/robust.md); null = FedAvg. On the wall clock it "
+        "is passed, with min_clients, to each geofl relay process (relay.robust).",
+    )
+
+    @model_validator(mode="after")
+    def _within_breakdown(self) -> SimulatedRelays:
+        if self.robust is not None:
+            problem = breakdown_problem(
+                self.robust, self.min_clients, f"simulation.relay.min_clients is {self.min_clients}"
+            )
+            if problem is not None:
+                raise ValueError(problem)
+        return self
 
 
 class SimulationConfig(Section):

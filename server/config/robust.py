@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Discriminator, Field, Tag
 
 from geofl.server.config.fields import RelativePath, Section
-from geofl.server.strategies.robust import RobustRule, make_rule
+from geofl.server.strategies import FedAvg, Strategy
+from geofl.server.strategies.robust import RobustRule, RobustStrategy, make_rule
 
 __all__ = [
     "ROBUST_CONFIGS",
@@ -27,6 +28,8 @@ __all__ = [
     "RobustBase",
     "RobustConfig",
     "TrimmedMeanConfig",
+    "breakdown_problem",
+    "regional_strategy",
 ]
 
 
@@ -185,3 +188,41 @@ RobustConfig = Annotated[
     ],
     Discriminator(_rule_tag),
 ]
+
+
+#: How each rule's breakdown point reads, for the error naming it.
+_BREAKDOWN = {
+    "clip": "at least one",
+    "adaptive_clip": "at least one",
+    "median": "the median tolerates f < n / 2",
+    "trimmed_mean": "trimming f from each end needs 2f < n",
+    "krum": "Krum needs n > 2f + 2",
+    "multi_krum": "Krum needs n > 2f + 2, and select <= n - f",
+    "centered_clip": "an honest majority, 2f < n",
+}
+
+
+def breakdown_problem(robust: RobustBase, min_clients: int, cohort: str) -> str | None:
+    """Why ``robust`` cannot hold for rounds that commit with ``min_clients`` updates, or
+    None when it can. ``cohort`` names the keys, e.g. ``"min_clients is 4"``."""
+    rule = robust.build()
+    needed = rule.min_updates()
+    if min_clients >= needed:
+        return None
+    settings = ", ".join(f"{key} {value!r}" for key, value in rule.hyperparameters().items())
+    return (
+        f"robust rule {rule.name} with {settings} needs at least {needed} updates per round "
+        f"({_BREAKDOWN[rule.name]}), but {cohort} and a round may commit with that many "
+        "updates: raise it, or tolerate fewer attackers"
+    )
+
+
+def regional_strategy(robust: RobustBase | None) -> Strategy:
+    """A relay's regional strategy: FedAvg, behind ``robust`` when one is configured.
+
+    Built once per region, so a rule's memory (a centre, an adaptive norm) carries from one
+    of the coordinator's tasks to the next (not across a relay restart).
+    """
+    if robust is None:
+        return FedAvg()
+    return RobustStrategy(FedAvg(), robust.build())

@@ -27,7 +27,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from geofl.server.config.fields import ConfigScalar, Section
-from geofl.server.config.robust import RobustConfig
+from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.strategies.flower import (
     FLOWER_STRATEGIES,
     FLOWER_WRAPPERS,
@@ -128,16 +128,10 @@ class StrategyBase(Section):
         """A round may commit with min_clients updates: the rule must hold for that many."""
         if self.robust is None:
             return self
-        rule = self.robust.build()
-        needed = rule.min_updates()
-        if self.min_clients < needed:
-            raise ValueError(
-                f"robust rule {rule.name} with {_settings(rule.hyperparameters())} needs at "
-                f"least {needed} updates per round ({_BREAKDOWN[rule.name]}), but "
-                f"min_clients is {self.min_clients} (clients_per_round "
-                f"{self.clients_per_round}) and a round may commit with min_clients updates: "
-                "raise min_clients and clients_per_round, or tolerate fewer attackers"
-            )
+        cohort = f"min_clients is {self.min_clients} (clients_per_round {self.clients_per_round})"
+        problem = breakdown_problem(self.robust, self.min_clients, cohort)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @field_validator("min_clients")
@@ -151,22 +145,6 @@ class StrategyBase(Section):
     def params(self) -> dict[str, float]:
         """The strategy's own hyperparameters, by name (cohort keys and ``name`` left out)."""
         return {key: value for key, value in self.model_dump().items() if key not in _COMMON_KEYS}
-
-
-#: How each rule's breakdown point reads, for the error naming it.
-_BREAKDOWN = {
-    "clip": "at least one",
-    "adaptive_clip": "at least one",
-    "median": "the median tolerates f < n / 2",
-    "trimmed_mean": "trimming f from each end needs 2f < n",
-    "krum": "Krum needs n > 2f + 2",
-    "multi_krum": "Krum needs n > 2f + 2, and select <= n - f",
-    "centered_clip": "an honest majority, 2f < n",
-}
-
-
-def _settings(params: Mapping[str, Any]) -> str:
-    return ", ".join(f"{key} {value}" for key, value in params.items())
 
 
 class FedAvgConfig(StrategyBase):

@@ -30,6 +30,7 @@ from geofl.server.config import (
 )
 from geofl.server.config.fields import BASE_DIR_KEY, Address, ExistingFile, RelativePath, Section
 from geofl.server.config.messages import validation_problems
+from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.config.yamlsource import duplicate_keys, line_of, parse_yaml
 
 __all__ = [
@@ -81,6 +82,11 @@ class RelaySection(Section):
         "this many connected local clients.",
     )
     seed: int = Field(default=0, ge=0, description="Seed of the relay's client sampling.")
+    robust: RobustConfig | None = Field(
+        default=None,
+        description="A robust rule for the relay's regional rounds in place of FedAvg's mean, e.g. "
+        "{name: median, byzantine: 1} (docs/robust.md); null = FedAvg.",
+    )
 
 
 class UpstreamConfig(Section):
@@ -152,6 +158,17 @@ class RelayConfig(Section):
                 f"relay.clients_per_round ({relay.clients_per_round}) is below "
                 f"relay.min_clients ({relay.min_clients})"
             )
+        if relay.robust is not None:
+            if self.secure_aggregation.enabled:
+                raise ValueError(
+                    f"relay.robust ({relay.robust.name}) cannot be combined with "
+                    "secure_aggregation: the rule needs each client's update, the relay only "
+                    "sees the region's sum"
+                )
+            cohort = f"relay.min_clients is {relay.min_clients}"
+            problem = breakdown_problem(relay.robust, relay.min_clients, cohort)
+            if problem is not None:
+                raise ValueError(problem)
         if self.secure_aggregation.enabled and relay.min_clients < 2:
             raise ValueError(
                 "secure_aggregation needs relay.min_clients >= 2: a sum of one update "

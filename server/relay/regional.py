@@ -24,6 +24,7 @@ import grpc
 
 from geofl.protocols.tensors import model_bytes, spec_of
 from geofl.protocols.types import Metrics, Scalar, Weights
+from geofl.server.config.robust import regional_strategy
 from geofl.server.coordinator import (
     join_check,
     reap_offline,
@@ -52,7 +53,6 @@ from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRec
 from geofl.server.rounds.secure import SecureSettings
 from geofl.server.rounds.sync import SyncEngine
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
-from geofl.server.strategies import FedAvg
 from geofl.server.transport import ServerState
 
 __all__ = ["RegionalServer"]
@@ -76,6 +76,8 @@ class RegionalServer:
             target=self._loop.run_forever, name="geofl-relay-loop", daemon=True
         )
         self._versions = VersionPlan(config.relay.local_rounds)
+        # One strategy for every task: a robust rule's memory carries across them.
+        self._strategy = regional_strategy(config.relay.robust)
         # Measurements of the region's clients outlive each task's engine.
         self._scheduler: Scheduler | None = None
         self._node_ids: dict[str, int] = {}
@@ -293,7 +295,7 @@ class RegionalServer:
             )
         return EngineParts(
             registry=state.registry,
-            strategy=FedAvg(),
+            strategy=self._strategy,
             models=state.models,
             observer=Observers([recorder, _RegionalLog(self._region)]),
             start_round=start_round,

@@ -9,6 +9,7 @@ at once), pointed at loopback.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -111,4 +112,15 @@ def relay_command(
         _RECONNECT_FOR_S,
         "--set",
         f"server.heartbeat_interval_s={config.server.heartbeat_interval_s:g}",
+        *_regional_rule(config),
     ]
+
+
+def _regional_rule(config: RunConfig) -> list[str]:
+    """``simulation.relay.robust`` (and the minimum it was checked against) for a relay
+    process: the same regional rule on the wall clock as on the virtual one."""
+    relay = config.simulation.relay
+    if relay.robust is None:
+        return []
+    rule = json.dumps(relay.robust.model_dump(mode="json"), separators=(",", ":"))
+    return ["--set", f"relay.min_clients={relay.min_clients}", "--set", f"relay.robust={rule}"]

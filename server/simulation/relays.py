@@ -36,6 +36,7 @@ import numpy as np
 from geofl.protocols.tensors import ModelSpec, model_bytes
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import CompressionConfig, RunConfig, ScheduleConfig
+from geofl.server.config.robust import regional_strategy
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
@@ -56,7 +57,7 @@ from geofl.server.simulation.fleet import FleetStats, InFlight, VirtualFleet, Vi
 from geofl.server.simulation.links import ClientLink
 from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.workers import UploadedTensor
-from geofl.server.strategies import FedAvg
+from geofl.server.strategies import Strategy
 
 __all__ = ["UPLOAD_SLACK", "VirtualRelays", "regional_budget", "regional_cohorts"]
 
@@ -131,6 +132,8 @@ class _Region:
     scheduler: Scheduler
     versions: VersionPlan
     cohort: int
+    #: FedAvg, or a robust rule in front of it (simulation.relay.robust), kept across tasks.
+    strategy: Strategy
     held: int = -1
 
 
@@ -220,6 +223,7 @@ class VirtualRelays:
             Scheduler(self._scheduler_settings(self._config.schedule.deadline_s, cohort)),
             VersionPlan(relay.local_rounds),
             cohort,
+            regional_strategy(relay.robust),
         )
 
     def _scheduler_settings(self, deadline_s: float, cohort: int) -> SchedulerSettings:
@@ -399,10 +403,10 @@ class VirtualRelays:
         weights: Weights,
         scheduler: Scheduler | None = None,
     ) -> EngineParts:
-        """A regional engine's parts: the region's clients, FedAvg, the relay's memory."""
+        """A regional engine's parts: the region's clients, its strategy, the relay's memory."""
         return EngineParts(
             registry=region.registry,
-            strategy=FedAvg(),
+            strategy=region.strategy,
             models=region.models,
             observer=recorder,
             start_round=start_round,

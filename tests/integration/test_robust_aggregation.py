@@ -182,3 +182,41 @@ def test_a_rule_at_the_coordinator_runs_among_regions(tmp_path: Path) -> None:
     _, _, pairs = run_rows(config)
     reasons = {node.name: p.reason for p, node in pairs if p.kind == "fit" and node.region == "far"}
     assert any((r or "").startswith("median: not a middle value") for r in reasons.values())
+
+
+def test_a_regional_rule_runs_within_each_region(tmp_path: Path) -> None:
+    """The same poisoned far region, now with a median in every relay's regional round
+    (``simulation.relay.robust``) and plain FedAvg among the regions."""
+
+    def relayed(node_config: dict[str, Any]) -> Any:
+        return run_config(
+            tmp_path,
+            run={"name": "regional-median", "rounds": 1, "seed": 1},
+            strategy={"clients_per_round": 3, "min_clients": 3},
+            schedule={"deadline_s": 600, "wait_for_clients_s": 5},
+            evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
+            simulation={
+                "clients": 8,
+                "app": "geofl_testapp:virtual_app",
+                "clock": "virtual",
+                "workers": 0,
+                "relays": True,
+                "regions": THREE_REGIONS,
+                "relay": {"min_clients": 1, "robust": {"name": "median", "byzantine": 0}},
+                "node_config": node_config,
+            },
+        )
+
+    links = link_model(relayed({}))
+    far = sorted(links.clients_in("far"))
+    assert len(far) >= 3, far  # the median of the far region needs an honest majority
+    config = relayed({"scaled-ids": str(far[0]), "scale": ATTACK})
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed"
+    shifts = {r: [1.0 + c for c in links.clients_in(r)] for r in ("near", "mid", "far")}
+    shifts["far"][shifts["far"].index(1.0 + far[0])] *= ATTACK
+    regional = {r: float(np.median(values)) for r, values in shifts.items()}
+    examples = {r: 100 * len(values) for r, values in shifts.items()}  # FedAvg among regions
+    expected = sum(regional[r] * examples[r] for r in regional) / sum(examples.values())
+    np.testing.assert_allclose(final_weights(config)["w"], expected, rtol=1e-5)
+    assert float(final_weights(config)["w"].max()) < 10.0

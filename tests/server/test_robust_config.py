@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 
 from geofl.server.config import ConfigError, load_config
+from geofl.server.config.robust import regional_strategy
 from geofl.server.coordinator import build_strategy
-from geofl.server.strategies import FedAdam
+from geofl.server.relay import flag_override, load_relay_config
+from geofl.server.simulation.commands import relay_command
+from geofl.server.strategies import FedAdam, FedAvg
 from geofl.server.strategies.robust import (
     AdaptiveClip,
     CenteredClip,
@@ -144,3 +147,68 @@ def test_only_synchronous_rounds_take_a_robust_rule(tmp_path: Path, mode: str) -
 def test_a_flower_strategy_refuses_a_robust_rule(tmp_path: Path) -> None:
     text = problems(tmp_path, "{flower: FedAvg, robust: {name: median, byzantine: 0}}")
     assert "a robust rule cannot run in front of a Flower strategy" in text
+
+
+# ------------------------------------------------------------------ regional rules (relays)
+
+RELAY_FLAGS = [
+    flag_override("--region", "relay.region", "eu"),
+    flag_override("--server", "upstream.address", "coordinator:8443"),
+    flag_override("--listen", "server.address", "127.0.0.1:9443"),
+]
+
+
+def test_a_relay_runs_its_regional_rounds_behind_the_rule() -> None:
+    config = load_relay_config(
+        flags=RELAY_FLAGS,
+        overrides=["relay.min_clients=3", "relay.robust={name: median, byzantine: 1}"],
+    )
+    strategy = regional_strategy(config.relay.robust)
+    assert isinstance(strategy, RobustStrategy) and isinstance(strategy.rule, CoordinateMedian)
+    assert isinstance(regional_strategy(None), FedAvg)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["relay.robust={name: krum, byzantine: 1}"],
+            "needs at least 5 updates per round (Krum needs n > 2f + 2), but "
+            "relay.min_clients is 1",
+        ),
+        (
+            [
+                "relay.min_clients=3",
+                "relay.robust={name: clip, clip_norm: 1}",
+                "secure_aggregation.enabled=true",
+            ],
+            "relay.robust (clip) cannot be combined with secure_aggregation",
+        ),
+    ],
+)
+def test_a_relay_refuses_a_rule_it_cannot_hold(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_relay_config(flags=RELAY_FLAGS, overrides=overrides)
+    assert message in str(info.value)
+
+
+def test_simulated_relays_check_the_regional_breakdown_point(tmp_path: Path) -> None:
+    text = problems(
+        tmp_path,
+        "{clients_per_round: 2, min_clients: 2}",
+        "simulation: {relay: {min_clients: 2, robust: {name: trimmed_mean, byzantine: 1}}}\n",
+    )
+    assert "simulation.relay.min_clients is 2" in text
+
+
+def test_wall_clock_relays_get_the_regional_rule(tmp_path: Path) -> None:
+    config = load(
+        tmp_path,
+        "{clients_per_round: 2, min_clients: 2}",
+        "simulation: {relay: {min_clients: 3, robust: {name: median, byzantine: 1}}}\n",
+    )
+    command = relay_command(config, 9000, "eu", 9001, 4)
+    overrides = [command[i + 1] for i, word in enumerate(command) if word == "--set"]
+    relay = load_relay_config(flags=RELAY_FLAGS, overrides=overrides)
+    assert relay.relay.min_clients == 3
+    assert relay.relay.robust == config.simulation.relay.robust
