@@ -26,7 +26,8 @@ class UpdateCheck:
     rule
         The rule's registry name (``clip``, ``krum``, ...).
     norm
-        L2 norm of the update's float tensors as received (NaN until a rule measured it).
+        L2 norm of the update as received (NaN until a rule measured it): of its float
+        tensors for the clipping rules, of every coordinate for the spilled rules.
     scale
         Factor its float tensors entered the aggregate with: 1 unchanged, < 1 shrunk, 0
         when it was left out.
