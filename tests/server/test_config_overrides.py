@@ -131,7 +131,8 @@ def test_unknown_key_from_override(run_file: Path) -> None:
         load_config(run_file, ["strategy.proximal_muu=1"])
     assert str(info.value) == (
         "--set strategy.proximal_muu=1: strategy.proximal_muu: unknown key; allowed keys: "
-        "clients_per_round, max_examples_per_client, min_clients, name, proximal_mu, server_lr"
+        "clients_per_round, max_examples_per_client, min_clients, name, proximal_mu, robust, "
+        "server_lr"
     )
 
 

@@ -249,8 +249,11 @@ class MultiKrum(DeferredRule):
         self.select = select
 
     def hyperparameters(self) -> Config:
-        """``byzantine`` and ``select`` (0 for ``n - f``)."""
-        return {**super().hyperparameters(), "select": self.select or 0}
+        """``byzantine``, and ``select`` when it is set (left out: ``n - f``)."""
+        params = super().hyperparameters()
+        if self.select is not None:
+            params["select"] = self.select
+        return params
 
     def min_updates(self) -> int:
         """``max(2f + 3, m + f)``: Krum's ``n > 2f + 2``, and ``m`` of the ``n - f`` honest."""
