@@ -1,0 +1,316 @@
+"""The dashboard's picture of a run: a round observer that keeps it, and hands out deltas.
+
+The observer runs on the coordinator's event loop; the dashboard reads from its own thread.
+Every event only updates plain dictionaries under one lock and notes what changed; the
+dashboard's thread asks for :meth:`LiveState.take_delta` a few times a second and sends
+the changes (one client's new status, one new round) to the browsers, never the whole
+state. A browser that connects gets :meth:`LiveState.snapshot` once. So a round of a
+thousand clients costs the coordinator a thousand dictionary updates, not a thousand
+messages, and one slow browser cannot slow a round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from geofl.protocols.types import WeightsView
+from geofl.server.dashboard.history import History, new_client, numeric
+from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.outcomes import Outcome
+from geofl.server.nodes.registry import Registry, TaskRecord
+from geofl.server.rounds.observers import RoundObserver
+from geofl.server.rounds.records import Phase, RoundRecord, secagg_abort_stage
+from geofl.server.scheduling.measurements import LinkEstimate
+
+__all__ = ["NO_REGION", "SECAGG_STAGES", "LiveState"]
+
+#: Region name of nodes that named none.
+NO_REGION = "none"
+#: The task kinds of secure aggregation's stages, in order.
+SECAGG_STAGES = ("advertise", "share", "fit", "unmask")
+#: Longest delay before the online nodes are recounted after the registry changed,
+#: seconds of the coordinator's clock.
+RECOUNT_S = 0.5
+#: Failed secure-aggregation rounds kept (the newest).
+MAX_ABORTS = 50
+
+
+def _round_row(record: RoundRecord, status: str, seconds: float | None) -> dict[str, Any]:
+    """A finished round as the page charts it (the fields of the history's rounds)."""
+    bytes_up = sum(outcome.bytes_up for _, outcome in record.outcomes)
+    bytes_down = sum(task.bytes_down for task, _ in record.outcomes)
+    ok = sum(1 for task, o in record.outcomes if o.status == "ok" and task.kind == "fit")
+    fit = sum(1 for task, _ in record.outcomes if task.kind == "fit")
+    return {
+        "number": record.number,
+        "status": "committed" if status == "committed" else "failed",
+        "duration_s": seconds if seconds is not None else sum(record.phase_durations.values()),
+        "bytes_up": bytes_up,
+        "bytes_down": bytes_down,
+        "num_succeeded": ok,
+        "num_failed": fit - ok,
+        "train_loss": record.train_loss,
+        "eval_loss": record.eval_loss,
+        "server_eval_loss": record.server_eval_loss,
+        "metrics": {
+            "fit": numeric(record.fit_metrics),
+            "eval": numeric(record.eval_metrics),
+            "server_eval": numeric(record.server_eval_metrics),
+        },
+        "error": None if status == "committed" else status.removeprefix("failed: "),
+    }
+
+
+class LiveState(RoundObserver):
+    """What the dashboard shows of one run, kept current by the run's round events.
+
+    Parameters
+    ----------
+    history
+        The run as the database had it when the dashboard started (the rounds before).
+    registry
+        The run's nodes: who is online, their names, regions and whether they are relays.
+    clock
+        The coordinator's clock (round durations are its seconds).
+    wall
+        Real time, stamped on every delta (the page measures its lag from it).
+    """
+
+    def __init__(
+        self,
+        history: History,
+        registry: Registry,
+        clock: Clock = WALL_CLOCK,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._registry = registry
+        self._clock = clock
+        self._wall = wall
+        self._seq = 0
+        self._run: dict[str, Any] = dict(history.run)
+        self._runs: list[dict[str, Any]] = list(history.runs)
+        self._rounds: list[dict[str, Any]] = list(history.rounds)
+        self._regions: dict[str, dict[str, int]] = {
+            region: dict(totals) for region, totals in history.regions.items()
+        }
+        self._clients: dict[int, dict[str, Any]] = {
+            node_id: dict(client) for node_id, client in history.clients.items()
+        }
+        self._current: dict[str, Any] | None = None
+        self._aborts: list[dict[str, Any]] = list(history.aborts)
+        self._started_at: dict[int, float] = {}
+        self._dirty_clients: set[int] = set()
+        self._dirty_regions: set[str] = set()
+        self._new_rounds: list[dict[str, Any]] = []
+        self._dirty_current = self._dirty_run = self._dirty_aborts = False
+        self._recount: asyncio.TimerHandle | None = None
+        self._unsubscribe = registry.changes.subscribe(self._nodes_changed)
+        self.recount_nodes()
+
+    # ------------------------------------------------------------ what the page reads
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything, for a browser that just connected (then it gets deltas)."""
+        with self._lock:
+            return {
+                "seq": self._seq,
+                "sent_at": self._wall(),
+                "run": dict(self._run),
+                "runs": [dict(run) for run in self._runs],
+                "rounds": list(self._rounds),
+                "current": None if self._current is None else _copy_current(self._current),
+                "regions": {region: dict(totals) for region, totals in self._regions.items()},
+                "clients": {str(node_id): dict(c) for node_id, c in self._clients.items()},
+                "aborts": list(self._aborts),
+            }
+
+    def take_delta(self) -> dict[str, Any] | None:
+        """What changed since the last call (``None``: nothing); the changes are forgotten."""
+        with self._lock:
+            if not (
+                self._dirty_clients
+                or self._dirty_regions
+                or self._new_rounds
+                or self._dirty_current
+                or self._dirty_run
+                or self._dirty_aborts
+            ):
+                return None
+            self._seq += 1
+            delta: dict[str, Any] = {"seq": self._seq, "sent_at": self._wall()}
+            if self._dirty_run:
+                delta["run"] = dict(self._run)
+            if self._new_rounds:
+                delta["rounds"] = self._new_rounds
+            if self._dirty_current:
+                delta["current"] = None if self._current is None else _copy_current(self._current)
+            if self._dirty_regions:
+                delta["regions"] = {r: dict(self._regions[r]) for r in self._dirty_regions}
+            if self._dirty_clients:
+                delta["clients"] = {
+                    str(node_id): dict(self._clients[node_id]) for node_id in self._dirty_clients
+                }
+            if self._dirty_aborts:
+                delta["aborts"] = list(self._aborts)
+            self._dirty_clients, self._dirty_regions, self._new_rounds = set(), set(), []
+            self._dirty_current = self._dirty_run = self._dirty_aborts = False
+            return delta
+
+    # ------------------------------------------------------------ nodes
+
+    def _nodes_changed(self) -> None:
+        if self._recount is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # changed outside a loop (set-up): count now
+            self.recount_nodes()
+            return
+        self._recount = loop.call_later(RECOUNT_S, self.recount_nodes)
+
+    def recount_nodes(self) -> None:
+        """Mark who is online from the registry (on the coordinator's loop)."""
+        self._recount = None
+        online = {session.node_id: session for session in self._registry.online()}
+        with self._lock:
+            for node_id, session in online.items():
+                client = self._clients.get(node_id)
+                relay = bool(session.node_config.get("relay", False))
+                if client is None:
+                    self._clients[node_id] = new_client(session.name, session.region, relay, True)
+                    self._dirty_clients.add(node_id)
+                elif not client["online"] or client["relay"] != relay:
+                    client["online"], client["relay"] = True, relay
+                    self._dirty_clients.add(node_id)
+            for node_id, client in self._clients.items():
+                if client["online"] and node_id not in online:
+                    client["online"] = False
+                    self._dirty_clients.add(node_id)
+
+    # ------------------------------------------------------------ rounds
+
+    def round_started(self, number: int, cohort_target: int) -> None:
+        self._started_at[number] = self._clock.monotonic()
+        with self._lock:
+            self._current = {
+                "number": number,
+                "phase": "select",
+                "cohort_target": cohort_target,
+                "settled": 0,
+                "by_status": {},
+                "stages": {},
+                "phase_s": {},
+            }
+            self._dirty_current = True
+
+    def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
+        with self._lock:
+            current = self._current
+            if current is None or current["number"] != number:
+                return
+            previous = current["phase"]
+            if seconds_in_previous is not None:
+                current["phase_s"][previous] = seconds_in_previous
+            current["phase"] = phase.value
+            self._dirty_current = True
+
+    def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
+        node_id = task.node_id
+        if node_id not in self._clients:  # joined since the last recount
+            self.recount_nodes()
+        with self._lock:
+            client = self._clients.get(node_id)
+            if client is None:
+                client = self._clients[node_id] = new_client(f"node {node_id}", None, False, True)
+            client["status"] = outcome.status
+            client["kind"] = task.kind
+            client["round"] = number
+            client["tasks"] += 1
+            if outcome.status != "ok":
+                client["failures"] += 1
+            client["bytes_up"] += outcome.bytes_up
+            client["bytes_down"] += task.bytes_down
+            self._dirty_clients.add(node_id)
+            region = client["region"] or NO_REGION
+            totals = self._regions.setdefault(region, {"bytes_up": 0, "bytes_down": 0})
+            totals["bytes_up"] += outcome.bytes_up
+            totals["bytes_down"] += task.bytes_down
+            self._dirty_regions.add(region)
+            current = self._current
+            if current is not None and current["number"] == number:
+                current["settled"] += 1
+                by_status = current["by_status"]
+                by_status[outcome.status] = by_status.get(outcome.status, 0) + 1
+                if task.secagg is not None or task.kind in ("advertise", "share", "unmask"):
+                    stage = current["stages"].setdefault(task.kind, {})
+                    stage[outcome.status] = stage.get(outcome.status, 0) + 1
+                self._dirty_current = True
+
+    def round_failed(self, record: RoundRecord, reason: str) -> None:
+        stage = secagg_abort_stage(reason)
+        if stage is None:
+            return
+        with self._lock:
+            self._aborts.append({"round": record.number, "stage": stage, "reason": reason})
+            del self._aborts[:-MAX_ABORTS]
+            self._dirty_aborts = True
+
+    def round_ended(self, record: RoundRecord, status: str) -> None:
+        started = self._started_at.pop(record.number, None)
+        seconds = None if started is None else self._clock.monotonic() - started
+        row = _round_row(record, status, seconds)
+        with self._lock:
+            self._rounds.append(row)
+            self._new_rounds.append(row)
+            if status == "committed":
+                self._run["last_committed_round"] = record.number
+                self._dirty_run = True
+            if self._current is not None and self._current["number"] == record.number:
+                self._current["phase"] = "commit" if status == "committed" else "failed"
+                self._current["ended"] = True
+                self._dirty_current = True
+
+    def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
+        with self._lock:
+            for estimate in estimates:
+                client = self._clients.get(estimate.node_id)
+                if client is None:
+                    continue
+                client["rtt_s"] = estimate.rtt_s
+                client["down_bps"] = estimate.down_bps
+                client["up_bps"] = estimate.up_bps
+                client["availability"] = estimate.availability
+                self._dirty_clients.add(estimate.node_id)
+
+    async def round_committed(
+        self, record: RoundRecord, weights: WeightsView, state: WeightsView
+    ) -> None:
+        """Nothing to keep: :meth:`round_ended` follows with the round's figures."""
+
+    # ------------------------------------------------------------ life
+
+    def finish(self, status: str) -> None:
+        """The run ended with ``status`` (the page says so); stop following the registry."""
+        self._unsubscribe()
+        if self._recount is not None:
+            self._recount.cancel()
+            self._recount = None
+        with self._lock:
+            self._run["status"] = status
+            for run in self._runs:
+                if run.get("id") == self._run.get("id"):
+                    run["status"] = status
+            self._dirty_run = True
+
+
+def _copy_current(current: dict[str, Any]) -> dict[str, Any]:
+    copied = dict(current)
+    copied["by_status"] = dict(current["by_status"])
+    copied["stages"] = {kind: dict(counts) for kind, counts in current["stages"].items()}
+    copied["phase_s"] = dict(current["phase_s"])
+    return copied
