@@ -62,8 +62,12 @@
       return;
     }
     $("current-number").textContent = current.number;
-    const at = PHASES.indexOf(current.phase);
-    list.innerHTML = PHASES.map((p, i) => {
+    // Secure aggregation's stages only where this round has them.
+    const secure = ["advertise", "share", "unmask"];
+    const shown = PHASES.filter((p) => !secure.includes(p) || p in current.phase_s ||
+      p === current.phase || current.stages[p]);
+    const at = shown.indexOf(current.phase);
+    list.innerHTML = shown.map((p, i) => {
       const cls = current.phase === "failed" ? "" : i < at || (current.ended && i === at) ? "done" : i === at ? "now" : "";
       const secs = current.phase_s[p];
       return `<li class="${cls}">${p}${secs === undefined ? "" : " " + secs.toFixed(2) + "s"}</li>`;
