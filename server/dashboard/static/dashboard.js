@@ -9,7 +9,8 @@
   const state = { run: {}, runs: [], rounds: [], current: null, regions: {}, clients: {}, aborts: [] };
   const rows = new Map(); // node id -> <tr>
   // What tests and benchmarks read: first render and each update's cost.
-  const probe = window.geoflDashboard = { firstRenderMs: null, seq: -1, updates: [], snapshots: 0 };
+  const probe = window.geoflDashboard = {
+    firstRenderMs: null, firstFrameMs: null, seq: -1, updates: [], snapshots: 0 };
 
   const $ = (id) => document.getElementById(id);
   const fmtBytes = (n) => {
@@ -252,7 +253,10 @@
     renderAll();
     probe.seq = data.seq;
     probe.snapshots += 1;
-    if (probe.firstRenderMs === null) probe.firstRenderMs = performance.now();
+    if (probe.firstRenderMs === null) {
+      probe.firstRenderMs = performance.now();
+      requestAnimationFrame(() => { probe.firstFrameMs = performance.now(); });
+    }
   }
 
   function applyDelta(delta) {
@@ -274,8 +278,10 @@
       renderRelays();
     }
     probe.seq = delta.seq;
-    const applyMs = performance.now() - began;
-    probe.updates.push({ seq: delta.seq, applyMs, lagMs: Date.now() - delta.sent_at * 1000 });
+    const entry = { seq: delta.seq, applyMs: performance.now() - began, doneAt: Date.now(),
+      lagMs: Date.now() - delta.sent_at * 1000, frameMs: null };
+    requestAnimationFrame(() => { entry.frameMs = performance.now() - began; });
+    probe.updates.push(entry);
     if (probe.updates.length > 1000) probe.updates.shift();
   }
 
