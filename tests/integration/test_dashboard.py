@@ -1,11 +1,12 @@
 """The live dashboard in a real browser (headless Chromium, Selenium) over a real run.
 
 A coordinator serves real gRPC clients, its control API and its dashboard; an admin asks
-the control API for a one-time login link (the real :class:`AdminSessions`), opens it in
-Chromium, and the page must show the run, its clients and its rounds, then move on by
-itself when the next round commits (server-sent events, no reload). A browser without the
-cookie, or with a bad link, gets the login page. A virtual-clock simulation serves the same
-dashboard, answering while the coordinator's loop is busy.
+for a one-time login link with ``geofl runs dashboard`` (the control API, the real
+:class:`AdminSessions`), opens it in Chromium, and the page must show the run, its clients
+and its rounds, then move on by itself when the next round commits (server-sent events, no
+reload). A browser without the cookie, or with a used or forged link, gets the login page.
+A virtual-clock simulation serves the same dashboard, answering while the coordinator's
+loop is busy.
 
 Chromium comes from Debian (``chromium``, ``chromium-driver``); without it the browser
 tests skip, unless ``GEOFL_REQUIRE_CHROMIUM=1`` (CI) makes that a failure. With
@@ -27,6 +28,7 @@ from typing import Any
 import pytest
 
 from geofl.server.cli.credentials import keys_new
+from geofl.server.cli.main import main
 from geofl.server.control.client import ControlClient
 from geofl.server.coordinator import Coordinator
 from geofl.server.rounds.observers import RoundObserver
@@ -112,14 +114,15 @@ def _page(driver: Any, script: str) -> Any:
 
 
 def test_the_page_renders_the_run_and_follows_its_rounds(
-    served: tuple[ServerHandle, Path], chromium: Any
+    served: tuple[ServerHandle, Path], chromium: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     handle, key = served
     coordinator = handle.coordinator
     address = f"127.0.0.1:{coordinator.control_port}"
-    with ControlClient(address, key) as client:
-        link, ttl_s = client.dashboard_link()
-    assert ttl_s > 0 and coordinator.instruments.dashboard_url is not None
+    assert main(["runs", "dashboard", "--server", address, "--key", str(key)]) == 0
+    out, err = capsys.readouterr()
+    link = out.strip()
+    assert "one-time link, valid 300 s" in err and coordinator.instruments.dashboard_url
     assert link.startswith(coordinator.instruments.dashboard_url + "/login?token=")
 
     chromium.get(link)
@@ -219,4 +222,5 @@ def test_a_virtual_clock_simulation_serves_the_dashboard(tmp_path: Path) -> None
     assert len(last["clients"]) == 8
     assert set(last["regions"]) == {"near", "far"}
     assert all(r["status"] == "committed" for r in last["rounds"])
-    assert sum(c["tasks"] for c in last["clients"].values()) >= 8 * 3
+    tasks = last["client_fields"].index("tasks")
+    assert sum(c[tasks] for c in last["clients"].values()) >= 8 * 3

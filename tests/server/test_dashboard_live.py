@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
-from geofl.server.dashboard.history import History
+from geofl.server.dashboard.history import CLIENT_FIELDS, History
 from geofl.server.dashboard.live import LiveState
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import Registry, TaskRecord
@@ -27,6 +28,13 @@ def task(node_id: int, round_number: int = 1, *, kind: str = "fit", down: int = 
     finally:
         loop.close()
     return TaskRecord(1, node_id, kind, round_number, 0, {}, 0.0, future, bytes_down=down)  # type: ignore[arg-type]
+
+
+def clients(message: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A message's clients by id, each as a mapping (they travel as lists)."""
+    return {
+        key: dict(zip(CLIENT_FIELDS, row, strict=True)) for key, row in message["clients"].items()
+    }
 
 
 @pytest.fixture
@@ -53,9 +61,10 @@ def live(nodes: Registry) -> LiveState:
 def test_a_snapshot_has_the_history_and_every_online_node(live: LiveState) -> None:
     snapshot = json.loads(json.dumps(live.snapshot()))  # plain JSON, as sent
     assert snapshot["run"]["name"] == "demo" and snapshot["rounds"][0]["number"] == 1
-    assert len(snapshot["clients"]) == 1001
-    assert snapshot["clients"]["2000"]["relay"] is True
-    assert snapshot["clients"]["1"]["online"] is True and snapshot["clients"]["1"]["region"] == "eu"
+    assert snapshot["client_fields"] == list(CLIENT_FIELDS)
+    listed = clients(snapshot)
+    assert len(listed) == 1001 and listed["2000"]["relay"] is True
+    assert listed["1"]["online"] is True and listed["1"]["region"] == "eu"
     assert snapshot["regions"] == {"eu": {"bytes_up": 5, "bytes_down": 7}}
 
 
@@ -81,7 +90,7 @@ def test_a_delta_carries_only_what_changed_and_then_nothing(live: LiveState) -> 
     live.task_settled(2, task(4, 2), Outcome("late"))
     later = live.take_delta()
     assert later is not None and later["seq"] == first + 1
-    assert later["clients"]["4"]["status"] == "late" and later["clients"]["4"]["failures"] == 1
+    assert clients(later)["4"]["status"] == "late" and clients(later)["4"]["failures"] == 1
 
 
 def test_an_ended_round_adds_one_round_and_moves_the_run_on(live: LiveState) -> None:
@@ -140,7 +149,7 @@ def test_measured_links_reach_their_clients(live: LiveState) -> None:
     live.measurements(2, [LinkEstimate(5, rtt_s=0.2, down_bps=8e6, up_bps=1e6), LinkEstimate(5000)])
     delta = live.take_delta()
     assert delta is not None and set(delta["clients"]) == {"5"}  # node 5000 is unknown
-    assert delta["clients"]["5"]["rtt_s"] == 0.2 and delta["clients"]["5"]["up_bps"] == 1e6
+    assert clients(delta)["5"]["rtt_s"] == 0.2 and clients(delta)["5"]["up_bps"] == 1e6
 
 
 def test_nodes_that_leave_and_come_back_are_marked(nodes: Registry, live: LiveState) -> None:
@@ -150,11 +159,11 @@ def test_nodes_that_leave_and_come_back_are_marked(nodes: Registry, live: LiveSt
     live.recount_nodes()
     delta = live.take_delta()
     assert delta is not None and delta["clients"] == {"7": live.snapshot()["clients"]["7"]}
-    assert delta["clients"]["7"]["online"] is False
+    assert clients(delta)["7"]["online"] is False
     session.online = True
     live.recount_nodes()
     again = live.take_delta()
-    assert again is not None and again["clients"]["7"]["online"] is True
+    assert again is not None and clients(again)["7"]["online"] is True
 
 
 def test_the_end_of_the_run_is_shown(live: LiveState) -> None:
@@ -163,3 +172,27 @@ def test_the_end_of_the_run_is_shown(live: LiveState) -> None:
     delta = live.take_delta()
     assert delta is not None and delta["run"]["status"] == "completed"
     assert live.snapshot()["runs"][0]["status"] == "completed"
+
+
+def test_a_stream_that_falls_behind_is_ended_and_the_others_go_on(live: LiveState) -> None:
+    from geofl.server.dashboard.app import MAX_BACKLOG, Broadcaster
+
+    async def scenario() -> tuple[list[bytes | None], list[bytes | None]]:
+        broadcaster = Broadcaster(live)
+        slow, first = broadcaster.open()
+        fast, _ = broadcaster.open()
+        assert first.startswith(b"event: snapshot\n")
+        received: list[bytes | None] = []
+        for number in range(MAX_BACKLOG + 1):
+            live.round_started(number + 2, cohort_target=1)
+            broadcaster.publish()
+            received.append(fast.get_nowait())
+        backlog = [slow.get_nowait() for _ in range(slow.qsize())]
+        live.round_started(1000, cohort_target=1)
+        broadcaster.publish()  # the slow stream is no longer sent to
+        assert slow.empty() and fast.qsize() == 1
+        return received, backlog
+
+    received, backlog = asyncio.run(scenario())
+    assert len(received) == MAX_BACKLOG + 1 and all(m and b"event: delta" in m for m in received)
+    assert backlog[-1] is None and len(backlog) == MAX_BACKLOG  # its stream ends there
