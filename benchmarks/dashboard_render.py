@@ -41,7 +41,7 @@ from selenium.webdriver.chrome.service import Service
 from benchmarks.report_scale import REGIONS, build_run
 from geofl.server.config.dashboard import DashboardConfig
 from geofl.server.dashboard import Dashboard
-from geofl.server.dashboard.history import load_history
+from geofl.server.dashboard.history import FIELD, load_history
 from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import Registry, TaskRecord
 from geofl.server.rounds.records import Phase, RoundRecord
@@ -173,12 +173,12 @@ def main(argv: list[str] | None = None) -> None:
             nodes = [node.id for node in queries.run_nodes(session, run_id)]
     registry = Registry(heartbeat_interval_s=3600.0)
     for node in nodes:
-        name = history.clients[node]["name"]
+        name = history.clients[node][FIELD["name"]]
         registry.add(node, name, REGIONS[node % len(REGIONS)], {})
     dashboard = Dashboard(DashboardConfig(address="127.0.0.1:0"), history, registry, None)
     dashboard.start()
     try:
-        snapshot_bytes = len(json.dumps(dashboard.live.snapshot()))
+        snapshot_bytes = len(dashboard.live.snapshot_json())
         result: dict[str, Any] = {
             "rounds": args.rounds,
             "clients": args.clients,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -20,7 +19,6 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
     HTMLResponse,
-    JSONResponse,
     PlainTextResponse,
     RedirectResponse,
     Response,
@@ -74,18 +72,22 @@ class Broadcaster:
         """A new stream's queue and its first event (a snapshot), taken together."""
         queue: asyncio.Queue[bytes | None] = asyncio.Queue(MAX_BACKLOG)
         self._streams.add(queue)
-        return queue, _event("snapshot", json.dumps(self.live.snapshot()))
+        return queue, _event("snapshot", self.live.snapshot_json())
 
     def close(self, queue: asyncio.Queue[bytes | None]) -> None:
         """The stream of ``queue`` ended."""
         self._streams.discard(queue)
 
     def publish(self) -> None:
-        """Send what changed since the last call to every stream (encoded once)."""
-        delta = self.live.take_delta()
+        """Send what changed since the last call to every stream (encoded once; with no
+        stream open, only forgotten)."""
+        if not self._streams:  # nobody watches: no encoding
+            self.live.skip_changes()
+            return
+        delta = self.live.take_delta_json()
         if delta is None:
             return
-        message = _event("delta", json.dumps(delta))
+        message = _event("delta", delta)
         for queue in list(self._streams):
             try:
                 queue.put_nowait(message)
@@ -174,7 +176,7 @@ def make_app(broadcaster: Broadcaster, sessions: AdminSessions | None) -> Starle
     async def state(request: Request) -> Response:
         if admin(request) is None:
             return refused(request, "no valid dashboard session")
-        return JSONResponse(broadcaster.live.snapshot())
+        return Response(broadcaster.live.snapshot_json(), media_type="application/json")
 
     async def events(request: Request) -> Response:
         if admin(request) is None:

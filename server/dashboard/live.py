@@ -14,6 +14,7 @@ cannot slow a round.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -122,53 +123,85 @@ class LiveState(RoundObserver):
 
     # ------------------------------------------------------------ what the page reads
 
-    def snapshot(self) -> dict[str, Any]:
-        """Everything, for a browser that just connected (then it gets deltas)."""
-        with self._lock:
-            return {
-                "seq": self._seq,
-                "sent_at": self._wall(),
-                "run": dict(self._run),
-                "runs": [dict(run) for run in self._runs],
-                "rounds": list(self._rounds),
-                "current": None if self._current is None else _copy_current(self._current),
-                "regions": {region: dict(totals) for region, totals in self._regions.items()},
-                "client_fields": CLIENT_FIELDS,
-                "clients": {str(node_id): list(c) for node_id, c in self._clients.items()},
-                "aborts": list(self._aborts),
-            }
+    def snapshot_json(self) -> str:
+        """Everything, as JSON, for a browser that just connected (then it gets deltas).
 
-    def take_delta(self) -> dict[str, Any] | None:
-        """What changed since the last call (``None``: nothing); the changes are forgotten."""
+        Encoded under the lock from the state itself: no copy of a thousand clients.
+        """
         with self._lock:
-            if not (
-                self._dirty_clients
-                or self._dirty_regions
-                or self._new_rounds
-                or self._dirty_current
-                or self._dirty_run
-                or self._dirty_aborts
-            ):
+            return json.dumps(
+                {
+                    "seq": self._seq,
+                    "sent_at": self._wall(),
+                    "run": self._run,
+                    "runs": self._runs,
+                    "rounds": self._rounds,
+                    "current": self._current,
+                    "regions": self._regions,
+                    "client_fields": CLIENT_FIELDS,
+                    "clients": self._clients,  # int keys: JSON makes them strings
+                    "aborts": self._aborts,
+                }
+            )
+
+    def snapshot(self) -> dict[str, Any]:
+        """:meth:`snapshot_json`, decoded (what the page receives)."""
+        decoded: dict[str, Any] = json.loads(self.snapshot_json())
+        return decoded
+
+    def _changed(self) -> bool:
+        return bool(
+            self._dirty_clients
+            or self._dirty_regions
+            or self._new_rounds
+            or self._dirty_current
+            or self._dirty_run
+            or self._dirty_aborts
+        )
+
+    def _forget_changes(self) -> None:
+        self._dirty_clients, self._dirty_regions, self._new_rounds = set(), set(), []
+        self._dirty_current = self._dirty_run = self._dirty_aborts = False
+
+    def take_delta_json(self) -> str | None:
+        """What changed since the last call, as JSON (``None``: nothing); then forgotten.
+
+        Encoded under the lock, from the state itself, as :meth:`snapshot_json` is.
+        """
+        with self._lock:
+            if not self._changed():
                 return None
             self._seq += 1
             delta: dict[str, Any] = {"seq": self._seq, "sent_at": self._wall()}
             if self._dirty_run:
-                delta["run"] = dict(self._run)
+                delta["run"] = self._run
             if self._new_rounds:
                 delta["rounds"] = self._new_rounds
             if self._dirty_current:
-                delta["current"] = None if self._current is None else _copy_current(self._current)
+                delta["current"] = self._current
             if self._dirty_regions:
-                delta["regions"] = {r: dict(self._regions[r]) for r in self._dirty_regions}
+                delta["regions"] = {r: self._regions[r] for r in self._dirty_regions}
             if self._dirty_clients:
-                delta["clients"] = {
-                    str(node_id): list(self._clients[node_id]) for node_id in self._dirty_clients
-                }
+                clients = self._clients
+                delta["clients"] = {node_id: clients[node_id] for node_id in self._dirty_clients}
             if self._dirty_aborts:
-                delta["aborts"] = list(self._aborts)
-            self._dirty_clients, self._dirty_regions, self._new_rounds = set(), set(), []
-            self._dirty_current = self._dirty_run = self._dirty_aborts = False
-            return delta
+                delta["aborts"] = self._aborts
+            encoded = json.dumps(delta)
+            self._forget_changes()
+            return encoded
+
+    def take_delta(self) -> dict[str, Any] | None:
+        """:meth:`take_delta_json`, decoded."""
+        encoded = self.take_delta_json()
+        return None if encoded is None else dict(json.loads(encoded))
+
+    def skip_changes(self) -> None:
+        """Forget what changed without encoding it (no browser is watching); a browser
+        that connects later starts from a snapshot anyway."""
+        with self._lock:
+            if self._changed():
+                self._seq += 1
+                self._forget_changes()
 
     # ------------------------------------------------------------ nodes
 
@@ -315,11 +348,3 @@ class LiveState(RoundObserver):
                 if run.get("id") == self._run.get("id"):
                     run["status"] = status
             self._dirty_run = True
-
-
-def _copy_current(current: dict[str, Any]) -> dict[str, Any]:
-    copied = dict(current)
-    copied["by_status"] = dict(current["by_status"])
-    copied["stages"] = {kind: dict(counts) for kind, counts in current["stages"].items()}
-    copied["phase_s"] = dict(current["phase_s"])
-    return copied
