@@ -198,24 +198,34 @@ def _time_publishing(spent: list[float]) -> None:
     Broadcaster.publish = timed  # type: ignore[method-assign]
 
 
-def _watch_dashboard(coordinators: list[Any], stop: threading.Event) -> None:
+def _watch_dashboard(coordinators: list[Any], stop: threading.Event, received: list[int]) -> None:
     """Keep one page's event stream open on the dashboard (curl, a process of its own as a
-    browser is), so that its deltas are encoded and sent as they would be when watched."""
+    browser is), so that its deltas are encoded and sent as they would be when watched;
+    ``received`` gets the stream's bytes and the seconds it took to open (after the start)."""
     import subprocess
+    import tempfile
 
+    began = time.perf_counter()
     while not stop.is_set():
         url = coordinators[0].instruments.dashboard_url if coordinators else None
         if url is not None:
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
     else:
         return
-    reader = subprocess.Popen(
-        ["curl", "-sN", f"{url}/api/events"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    stop.wait()
-    reader.terminate()
-    reader.wait(timeout=10)
+    with tempfile.TemporaryFile() as sink:
+        reader = subprocess.Popen(
+            ["curl", "-sSN", f"{url}/api/events"], stdout=sink, stderr=subprocess.PIPE
+        )
+        while not os.fstat(sink.fileno()).st_size and reader.poll() is None and not stop.is_set():
+            time.sleep(0.005)
+        received.append(int(1000 * (time.perf_counter() - began)))
+        stop.wait()
+        reader.terminate()
+        _, error = reader.communicate(timeout=10)
+        received.append(os.fstat(sink.fileno()).st_size)
+        if error.strip():
+            print(f"dashboard stream: {error.decode(errors='replace').strip()}", file=sys.stderr)
 
 
 def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> int:
@@ -256,7 +266,10 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
     )
     if metrics_on:
         scraper.start()
-    watcher = threading.Thread(target=_watch_dashboard, args=(coordinators, stop), daemon=True)
+    stream: list[int] = []
+    watcher = threading.Thread(
+        target=_watch_dashboard, args=(coordinators, stop, stream), daemon=True
+    )
     if dashboard_on:
         watcher.start()
     began = time.perf_counter()
@@ -278,6 +291,8 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
         "scrape_s": sum(scrapes),
         "scrape_cpu_s": generation_s[0],
         "observer_s": observer_s[0],
+        # Case dashboard: ms until the page's stream had its first byte, bytes it received.
+        "dashboard_stream": stream,
     }
     result_path.write_text(json.dumps(result))
     return 0 if outcome.result.status == "completed" else 1

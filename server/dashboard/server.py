@@ -13,6 +13,7 @@ import contextlib
 import logging
 import socket
 import threading
+import time
 
 import uvicorn
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds the server waits for open streams when it stops.
 _GRACE_S = 1.0
+#: Longest start-up of the server, seconds.
+_START_S = 30.0
 
 
 class DashboardAddressError(GeoflError):
@@ -60,7 +63,6 @@ class DashboardServer:
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
         self.port: int | None = None
 
     def start(self) -> int:
@@ -97,9 +99,28 @@ class DashboardServer:
             target=self._serve, args=(sock,), name="geofl-dashboard", daemon=True
         )
         self._thread.start()
-        self._ready.wait(timeout=10.0)
+        self._wait_until_serving(self._server)
         log.info("dashboard on %s", self.url)
         return self.port
+
+    def _wait_until_serving(self, server: uvicorn.Server) -> None:
+        """Return once uvicorn accepts connections: its start-up (imports, the protocol's
+        set-up) must not fall into the first rounds, whose loop may hold the GIL for
+        seconds on the virtual clock, and a link handed out must work at once."""
+        deadline = time.monotonic() + _START_S
+        while not server.started:
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                raise DashboardAddressError(
+                    f"server.dashboard.address {self._config.address}: the server stopped "
+                    "while starting (see the log)"
+                )
+            if time.monotonic() > deadline:
+                raise DashboardAddressError(
+                    f"server.dashboard.address {self._config.address}: not serving after "
+                    f"{_START_S:.0f} s"
+                )
+            time.sleep(0.005)
 
     def _serve(self, sock: socket.socket) -> None:
         assert self._server is not None
@@ -113,7 +134,6 @@ class DashboardServer:
 
     async def _main(self, server: uvicorn.Server, sock: socket.socket) -> None:
         publisher = asyncio.create_task(self._broadcaster.run())
-        self._ready.set()
         try:
             await server.serve(sockets=[sock])
         finally:

@@ -158,12 +158,16 @@ def test_the_page_renders_the_run_and_follows_its_rounds(
 
     # The cookie is the session: without it, and with a used or bad link, no page.
     chromium.delete_all_cookies()
-    chromium.get(coordinator.instruments.dashboard_url + "/")
-    assert "Login needed" in chromium.page_source
-    chromium.get(link)  # used up
-    assert "invalid, used or expired" in chromium.page_source
-    chromium.get(coordinator.instruments.dashboard_url + "/login?token=forged")
-    assert "invalid, used or expired" in chromium.page_source
+
+    def refused(url: str, text: str) -> None:
+        chromium.get(url)
+        wait_for(lambda: text in chromium.page_source, timeout=10, what=f"{text!r} at {url}")
+
+    base = coordinator.instruments.dashboard_url
+    refused(base + "/", "Login needed")
+    refused(link, "invalid, used or expired")  # used up
+    refused(base + "/login?token=forged", "invalid, used or expired")
+    assert chromium.get_cookies() == []
 
 
 class StateReader(RoundObserver):
