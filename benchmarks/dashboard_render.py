@@ -112,7 +112,7 @@ def measure(dashboard: Dashboard, nodes: list[int], repeats: int, rounds: int) -
     for _ in range(repeats):
         driver = browser()
         try:
-            driver.get(dashboard.url + "/")
+            driver.get(dashboard.server.url + "/")
             renders.append(wait_for(driver, "return window.geoflDashboard?.firstRenderMs"))
             frames.append(wait_for(driver, "return window.geoflDashboard.firstFrameMs"))
             rows = driver.execute_script("return document.querySelectorAll('#clients tr').length")

@@ -141,8 +141,8 @@ class RunInstruments:
 
     @property
     def dashboard_url(self) -> str | None:
-        """The dashboard's base URL (``http://host:port``), once started."""
-        return self.dashboard.url if self.dashboard is not None and self._started else None
+        """The dashboard's base URL (``http://host:port``) while it serves."""
+        return self.dashboard.url if self.dashboard is not None else None
 
     def _make_mlflow(self) -> MlflowTracker | None:
         section = self._config.tracking.mlflow

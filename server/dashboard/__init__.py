@@ -57,9 +57,9 @@ class Dashboard:
         self.server = DashboardServer(config, self.live, sessions)
 
     @property
-    def url(self) -> str:
-        """The base URL (``http://host:port``), once started."""
-        return self.server.url
+    def url(self) -> str | None:
+        """The base URL (``http://host:port``) while it serves, else ``None``."""
+        return self.server.url if self.server.serving else None
 
     def start(self) -> int:
         """Serve; the bound port (see :meth:`DashboardServer.start`)."""

@@ -142,6 +142,12 @@ class DashboardServer:
                 await publisher
 
     @property
+    def serving(self) -> bool:
+        """Whether it accepts connections now (from :meth:`start`'s return to :meth:`stop`)."""
+        server = self._server
+        return server is not None and server.started and not server.should_exit
+
+    @property
     def url(self) -> str:
         """The dashboard's base URL (after :meth:`start`), ``http://host:port``."""
         host = self._config.host

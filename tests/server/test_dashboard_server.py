@@ -65,20 +65,20 @@ def browser() -> tuple[urllib.request.OpenerDirector, http.cookiejar.CookieJar]:
 def test_without_a_cookie_every_route_is_refused(dashboard: Dashboard) -> None:
     opener, _ = browser()
     for route in ROUTES:
-        assert status_of(opener, dashboard.url + route) == 401, route
+        assert status_of(opener, dashboard.server.url + route) == 401, route
 
 
 def test_a_bad_or_missing_token_is_refused_and_sets_no_cookie(dashboard: Dashboard) -> None:
     opener, jar = browser()
-    assert status_of(opener, dashboard.url + "/login?token=not-a-token") == 401
-    assert status_of(opener, dashboard.url + "/login") == 401
+    assert status_of(opener, dashboard.server.url + "/login?token=not-a-token") == 401
+    assert status_of(opener, dashboard.server.url + "/login") == 401
     assert list(jar) == []
-    assert status_of(opener, dashboard.url + "/") == 401
+    assert status_of(opener, dashboard.server.url + "/") == 401
 
 
 def test_a_session_token_is_no_login_link(dashboard: Dashboard, sessions: AdminSessions) -> None:
     opener, _ = browser()
-    assert status_of(opener, dashboard.url + "/login?token=" + sessions.issue("ops")) == 401
+    assert status_of(opener, dashboard.server.url + "/login?token=" + sessions.issue("ops")) == 401
 
 
 def test_a_login_link_sets_an_http_only_cookie_once(
@@ -86,18 +86,18 @@ def test_a_login_link_sets_an_http_only_cookie_once(
 ) -> None:
     link = sessions.issue_link("ops")
     opener, jar = browser()
-    assert status_of(opener, f"{dashboard.url}/login?token={link}") == 200  # redirected to /
+    assert status_of(opener, f"{dashboard.server.url}/login?token={link}") == 200  # redirected to /
     [cookie] = list(jar)
     assert cookie.name == COOKIE and cookie.has_nonstandard_attr("HttpOnly")
     for route in ROUTES[:2] + ROUTES[3:]:  # the stream stays open: read below
-        assert status_of(opener, dashboard.url + route) == 200, route
-    with opener.open(dashboard.url + "/api/events", timeout=10) as stream:
+        assert status_of(opener, dashboard.server.url + route) == 200, route
+    with opener.open(dashboard.server.url + "/api/events", timeout=10) as stream:
         assert stream.headers["Content-Type"].startswith("text/event-stream")
         assert stream.readline() == b"event: snapshot\n"
     other, _ = browser()  # the link is used up
-    assert status_of(other, f"{dashboard.url}/login?token={link}") == 401
-    assert status_of(opener, dashboard.url + "/logout") == 200
-    assert status_of(opener, dashboard.url + "/") == 401
+    assert status_of(other, f"{dashboard.server.url}/login?token={link}") == 401
+    assert status_of(opener, dashboard.server.url + "/logout") == 200
+    assert status_of(opener, dashboard.server.url + "/") == 401
     assert sessions.verify(cookie.value or "") is None
 
 
@@ -122,7 +122,7 @@ def test_without_admin_sessions_the_page_needs_no_login() -> None:
     made.start()
     try:
         opener, _ = browser()
-        assert status_of(opener, made.url + "/") == 200
+        assert status_of(opener, made.server.url + "/") == 200
     finally:
         made.close("completed")
 
@@ -156,5 +156,6 @@ def test_the_instruments_serve_the_dashboard_once_configured(tmp_path: Path) -> 
     assert status_of(opener, made.dashboard_url + "/api/state") == 200
     url = made.dashboard_url
     made.close("completed")
+    assert made.dashboard_url is None
     with pytest.raises(urllib.error.URLError):  # stopped: the port is closed
         status_of(opener, url + "/api/state")
