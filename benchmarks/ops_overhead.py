@@ -122,7 +122,7 @@ def _time_metrics_observer(dashboard: bool = False) -> list[float]:
     """
     from geofl.server.metrics.observer import MetricsObserver
 
-    spent = [0.0]
+    spent = [0.0, 0.0]  # wall seconds (GIL waits included), CPU seconds of the loop's thread
     _time_methods(MetricsObserver, spent)
     if dashboard:
         from geofl.server.dashboard.live import LiveState
@@ -142,22 +142,24 @@ def _time_methods(observer: type, spent: list[float]) -> None:
 
             @functools.wraps(method)
             async def timed_async(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
                     return await _method(*args, **kwargs)
                 finally:
                     spent[0] += time.perf_counter() - began
+                    spent[1] += time.thread_time() - cpu
 
             setattr(observer, name, timed_async)
         else:
 
             @functools.wraps(method)
             def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
                     return _method(*args, **kwargs)
                 finally:
                     spent[0] += time.perf_counter() - began
+                    spent[1] += time.thread_time() - cpu
 
             setattr(observer, name, timed)
 
@@ -249,7 +251,7 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
     config = load_config(config_path)
     metrics_on = config.server.metrics is not None
     dashboard_on = getattr(config.server, "dashboard", None) is not None
-    observer_s = _time_metrics_observer(dashboard_on) if metrics_on else [0.0]
+    observer_s = _time_metrics_observer(dashboard_on) if metrics_on else [0.0, 0.0]
     generation_s = _time_scrape_generation() if metrics_on else [0.0]
     if dashboard_on:
         _time_publishing(generation_s)
@@ -291,6 +293,7 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
         "scrape_s": sum(scrapes),
         "scrape_cpu_s": generation_s[0],
         "observer_s": observer_s[0],
+        "observer_cpu_s": observer_s[1],
         # Case dashboard: ms until the page's stream had its first byte, bytes it received.
         "dashboard_stream": stream,
     }
