@@ -36,6 +36,8 @@ __all__ = ["COOKIE", "Broadcaster", "make_app"]
 COOKIE = "geofl_dashboard"
 #: Seconds between two looks for changes (what an update can lag behind its event).
 TICK_S = 0.1
+#: Ticks between two recounts of the online nodes (if the registry changed): 0.5 s.
+RECOUNT_TICKS = 5
 #: Seconds between two keep-alive comments on an idle stream.
 KEEPALIVE_S = 15.0
 #: Deltas a browser may lag behind before its stream is closed (it reconnects and
@@ -105,9 +107,14 @@ class Broadcaster:
         self._streams.clear()
 
     async def run(self) -> None:
-        """Publish every :data:`TICK_S` until cancelled."""
+        """Publish every :data:`TICK_S`, ask for a recount of the online nodes every
+        :data:`RECOUNT_TICKS` ticks, until cancelled."""
+        ticks = 0
         while True:
             await asyncio.sleep(TICK_S)
+            ticks += 1
+            if ticks % RECOUNT_TICKS == 0:
+                self.live.request_recount()
             self.publish()
 
 

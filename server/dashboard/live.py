@@ -14,6 +14,7 @@ cannot slow a round.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -41,9 +42,6 @@ _AVAILABILITY = FIELD["availability"]
 NO_REGION = "none"
 #: The task kinds of secure aggregation's stages, in order.
 SECAGG_STAGES = ("advertise", "share", "fit", "unmask")
-#: Longest delay before the online nodes are recounted after the registry changed,
-#: seconds of the coordinator's clock.
-RECOUNT_S = 0.5
 #: Failed secure-aggregation rounds kept (the newest).
 MAX_ABORTS = 50
 
@@ -123,7 +121,10 @@ class LiveState(RoundObserver):
         self._dirty_regions: set[str] = set()
         self._new_rounds: list[dict[str, Any]] = []
         self._dirty_current = self._dirty_run = self._dirty_aborts = False
-        self._recount: asyncio.TimerHandle | None = None
+        #: The registry changed since the last recount; on which loop it lives.
+        self._nodes_dirty = False
+        self._recount_asked = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._unsubscribe = registry.changes.subscribe(self._nodes_changed)
         self.recount_nodes()
 
@@ -212,18 +213,30 @@ class LiveState(RoundObserver):
     # ------------------------------------------------------------ nodes
 
     def _nodes_changed(self) -> None:
-        if self._recount is not None:
-            return
+        """The registry changed: only noted. A recount reads every node, and the registry
+        changes with every task on the virtual clock (where half a simulated second may be
+        a few real milliseconds), so recounts happen at each round's start and end and when
+        the dashboard's thread asks (:meth:`request_recount`, in real time)."""
         try:
-            loop = asyncio.get_running_loop()
+            self._loop = asyncio.get_running_loop()
         except RuntimeError:  # changed outside a loop (set-up): count now
             self.recount_nodes()
             return
-        self._recount = loop.call_later(RECOUNT_S, self.recount_nodes)
+        self._nodes_dirty = True
+
+    def request_recount(self) -> None:
+        """From the dashboard's thread: have the coordinator's loop recount the online
+        nodes, if the registry changed (once per request until it has)."""
+        loop = self._loop
+        if not self._nodes_dirty or self._recount_asked or loop is None:
+            return
+        self._recount_asked = True
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run is over
+            loop.call_soon_threadsafe(self.recount_nodes)
 
     def recount_nodes(self) -> None:
         """Mark who is online from the registry (on the coordinator's loop)."""
-        self._recount = None
+        self._nodes_dirty = self._recount_asked = False
         online = {session.node_id: session for session in self._registry.online()}
         with self._lock:
             for node_id, session in online.items():
@@ -243,6 +256,8 @@ class LiveState(RoundObserver):
     # ------------------------------------------------------------ rounds
 
     def round_started(self, number: int, cohort_target: int) -> None:
+        if self._nodes_dirty:
+            self.recount_nodes()
         self._started_at[number] = self._clock.monotonic()
         with self._lock:
             self._current = {
@@ -309,6 +324,8 @@ class LiveState(RoundObserver):
             self._dirty_aborts = True
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
+        if self._nodes_dirty:
+            self.recount_nodes()
         started = self._started_at.pop(record.number, None)
         seconds = None if started is None else self._clock.monotonic() - started
         row = _round_row(record, status, seconds)
@@ -345,9 +362,7 @@ class LiveState(RoundObserver):
     def finish(self, status: str) -> None:
         """The run ended with ``status`` (the page says so); stop following the registry."""
         self._unsubscribe()
-        if self._recount is not None:
-            self._recount.cancel()
-            self._recount = None
+        self._loop = None
         with self._lock:
             self._run["status"] = status
             for run in self._runs:

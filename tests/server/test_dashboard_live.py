@@ -196,3 +196,20 @@ def test_a_stream_that_falls_behind_is_ended_and_the_others_go_on(live: LiveStat
     received, backlog = asyncio.run(scenario())
     assert len(received) == MAX_BACKLOG + 1 and all(m and b"event: delta" in m for m in received)
     assert backlog[-1] is None and len(backlog) == MAX_BACKLOG  # its stream ends there
+
+
+def test_registry_changes_wait_for_a_recount_the_dashboard_asks_for(
+    nodes: Registry, live: LiveState
+) -> None:
+    async def scenario() -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        live.take_delta()
+        nodes.add(3000, "late-joiner", "eu", {})  # on the loop: only noted
+        before = live.take_delta()
+        await asyncio.to_thread(live.request_recount)  # as the dashboard's thread does
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return before, live.take_delta()
+
+    before, after = asyncio.run(scenario())
+    assert before is None
+    assert after is not None and clients(after)["3000"]["name"] == "late-joiner"
