@@ -12,18 +12,19 @@ observer slows down; a round that also trained would hide the overhead.
 
 Cases (``--cases``): ``off`` (nothing configured), ``metrics`` (``server.metrics``; a thread
 scrapes the endpoint every ``--scrape-interval`` seconds, far more often than Prometheus's
-default 15 s) and ``dashboard`` (``server.dashboard`` plus the metrics; the configuration
-key exists once the dashboard branch is merged, and the case is refused with a clear message
-before). Each case runs in a child process of its own (this module with ``--child``); the
-cases run ``--repeats`` times, in reversed order every other repeat, each repeat under the
-shared heavy-work lock (:func:`benchmarks.core.heavy_lock`). Per run the figure is the
-median of rounds 2..R (round 1 pays imports and the first encodings); the overhead of a case
-is the median over repeats of (case / off of the same repeat) - 1, so slow phases of the
-shared host cancel out pairwise.
+default 15 s) and ``dashboard`` (``server.dashboard`` plus the metrics, with one page's
+event stream kept open by a ``curl`` process; the case is refused with a clear message on a
+checkout without ``server.dashboard``). Each case runs in a child process of its own (this
+module with ``--child``); the cases run ``--repeats`` times, in reversed order every other
+repeat, each repeat under the shared heavy-work lock (:func:`benchmarks.core.heavy_lock`).
+Per run the figure is the median of rounds 2..R (round 1 pays imports and the first
+encodings); the overhead of a case is the median over repeats of (case / off of the same
+repeat) - 1, so slow phases of the shared host cancel out pairwise.
 
 The on/off comparison is only as steady as the shared host, so the child also measures
 what the metrics code itself takes ("attributed" overhead): the seconds spent in the metrics
-observer's methods plus the CPU seconds of the endpoint's text generation, per round, over
+observer's methods plus the CPU seconds of the endpoint's text generation (case dashboard:
+plus the dashboard observer's seconds and the CPU seconds of its publishing), per round, over
 the same repeat's round without metrics. The host's noise does not blur that figure; it
 leaves out the cost of the GIL changing hands, which the on/off comparison includes.
 
@@ -112,44 +113,55 @@ def _scrape_until(port_of: Any, interval_s: float, stop: threading.Event, out: l
             out.append(time.perf_counter() - began)
 
 
-def _time_metrics_observer() -> list[float]:
-    """Make every event method of the metrics observer add its seconds to the returned cell.
+def _time_metrics_observer(dashboard: bool = False) -> list[float]:
+    """Make every event method of the metrics observer (and of the dashboard's live state,
+    with ``dashboard``) add its seconds to the returned cell.
 
-    The direct measure of what the observer costs the event loop, free of the shared host's
+    The direct measure of what the observers cost the event loop, free of the shared host's
     noise that the on/off comparison suffers from.
     """
+    from geofl.server.metrics.observer import MetricsObserver
+
+    spent = [0.0, 0.0]  # wall seconds (GIL waits included), CPU seconds of the loop's thread
+    _time_methods(MetricsObserver, spent)
+    if dashboard:
+        from geofl.server.dashboard.live import LiveState
+
+        _time_methods(LiveState, spent)
+    return spent
+
+
+def _time_methods(observer: type, spent: list[float]) -> None:
     import functools
     import inspect
 
-    from geofl.server.metrics.observer import MetricsObserver
-
-    spent = [0.0]
     names = ("round_started", "phase", "task_settled", "round_committed", "round_failed")
     for name in (*names, "round_ended", "recount_nodes", "measurements", "plan"):
-        method = getattr(MetricsObserver, name)
+        method = getattr(observer, name)
         if inspect.iscoroutinefunction(method):
 
             @functools.wraps(method)
             async def timed_async(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
                     return await _method(*args, **kwargs)
                 finally:
                     spent[0] += time.perf_counter() - began
+                    spent[1] += time.thread_time() - cpu
 
-            setattr(MetricsObserver, name, timed_async)
+            setattr(observer, name, timed_async)
         else:
 
             @functools.wraps(method)
             def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
-                began = time.perf_counter()
+                began, cpu = time.perf_counter(), time.thread_time()
                 try:
                     return _method(*args, **kwargs)
                 finally:
                     spent[0] += time.perf_counter() - began
+                    spent[1] += time.thread_time() - cpu
 
-            setattr(MetricsObserver, name, timed)
-    return spent
+            setattr(observer, name, timed)
 
 
 def _time_scrape_generation() -> list[float]:
@@ -169,6 +181,53 @@ def _time_scrape_generation() -> list[float]:
 
     exposition.generate_latest = timed  # what the endpoint's WSGI app calls per scrape
     return spent
+
+
+def _time_publishing(spent: list[float]) -> None:
+    """Add the CPU seconds of the dashboard's publishing (taking a delta, encoding it,
+    queueing it for the stream) to ``spent``: what it takes from the run, as a scrape does."""
+    from geofl.server.dashboard.app import Broadcaster
+
+    publish = Broadcaster.publish
+
+    def timed(self: Broadcaster) -> None:
+        began = time.thread_time()
+        try:
+            publish(self)
+        finally:
+            spent[0] += time.thread_time() - began
+
+    Broadcaster.publish = timed  # type: ignore[method-assign]
+
+
+def _watch_dashboard(coordinators: list[Any], stop: threading.Event, received: list[int]) -> None:
+    """Keep one page's event stream open on the dashboard (curl, a process of its own as a
+    browser is), so that its deltas are encoded and sent as they would be when watched;
+    ``received`` gets the stream's bytes and the seconds it took to open (after the start)."""
+    import subprocess
+    import tempfile
+
+    began = time.perf_counter()
+    while not stop.is_set():
+        url = coordinators[0].instruments.dashboard_url if coordinators else None
+        if url is not None:
+            break
+        time.sleep(0.005)
+    else:
+        return
+    with tempfile.TemporaryFile() as sink:
+        reader = subprocess.Popen(
+            ["curl", "-sSN", f"{url}/api/events"], stdout=sink, stderr=subprocess.PIPE
+        )
+        while not os.fstat(sink.fileno()).st_size and reader.poll() is None and not stop.is_set():
+            time.sleep(0.005)
+        received.append(int(1000 * (time.perf_counter() - began)))
+        stop.wait()
+        reader.terminate()
+        _, error = reader.communicate(timeout=10)
+        received.append(os.fstat(sink.fileno()).st_size)
+        if error.strip():
+            print(f"dashboard stream: {error.decode(errors='replace').strip()}", file=sys.stderr)
 
 
 def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> int:
@@ -191,8 +250,11 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
 
     config = load_config(config_path)
     metrics_on = config.server.metrics is not None
-    observer_s = _time_metrics_observer() if metrics_on else [0.0]
+    dashboard_on = getattr(config.server, "dashboard", None) is not None
+    observer_s = _time_metrics_observer(dashboard_on) if metrics_on else [0.0, 0.0]
     generation_s = _time_scrape_generation() if metrics_on else [0.0]
+    if dashboard_on:
+        _time_publishing(generation_s)
     timer = RoundTimer()
     coordinators: list[Any] = []
     scrapes: list[float] = []
@@ -206,6 +268,12 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
     )
     if metrics_on:
         scraper.start()
+    stream: list[int] = []
+    watcher = threading.Thread(
+        target=_watch_dashboard, args=(coordinators, stop, stream), daemon=True
+    )
+    if dashboard_on:
+        watcher.start()
     began = time.perf_counter()
     try:
         outcome = run_virtual_simulation(
@@ -213,6 +281,8 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
         )
     finally:
         stop.set()
+        if dashboard_on:
+            watcher.join(timeout=10)
     wall = time.perf_counter() - began
     result = {
         "status": outcome.result.status,
@@ -223,6 +293,9 @@ def _child(config_path: Path, result_path: Path, scrape_interval_s: float) -> in
         "scrape_s": sum(scrapes),
         "scrape_cpu_s": generation_s[0],
         "observer_s": observer_s[0],
+        "observer_cpu_s": observer_s[1],
+        # Case dashboard: ms until the page's stream had its first byte, bytes it received.
+        "dashboard_stream": stream,
     }
     result_path.write_text(json.dumps(result))
     return 0 if outcome.result.status == "completed" else 1

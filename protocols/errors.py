@@ -38,6 +38,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── ConfigError                                     geofl.server.config.errors
     ├── AddressInUseError                               geofl.server.coordinator
     ├── MetricsAddressError                             geofl.server.metrics.endpoint
+    ├── DashboardAddressError                           geofl.server.dashboard.server
     ├── FlowerAppError                                  geofl.server.flower.errors
     │   └── UnsupportedFlowerFeatureError               geofl.server.flower.errors
     ├── CredentialFileError                             geofl.server.cli.credentials

@@ -29,6 +29,7 @@ from geofl.server.config.errors import ConfigError
 from geofl.server.config.fields import is_loopback
 from geofl.server.control.admins import AdminKeys, AdminSessions
 from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
+from geofl.server.dashboard import check_access
 from geofl.server.instruments import RunInstruments
 from geofl.server.lifecycle import RoundEvents, StopSwitch, choose_run, final_status
 from geofl.server.models.loading import UserCodeError, load_initial_weights, load_server_evaluate
@@ -310,6 +311,8 @@ class Coordinator:
         )
         self.db.on_recovered = lambda waited: self.registry.forgive_silence()
         self.admin_sessions = self._admin_sessions()  # a bad admins file: before any run
+        if config.server.dashboard is not None:  # a dashboard without login: as early
+            check_access(config.server.dashboard, self._dashboard_sessions, config.run.name)
         self.weights, self.run_id, self.start_round = self._resume_or_create()
         self.uploads = DurableUploads(
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
@@ -320,7 +323,15 @@ class Coordinator:
         )
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).
-        self.instruments = RunInstruments(config, self.registry, self.run_id, upload_budget, clock)
+        self.instruments = RunInstruments(
+            config,
+            self.registry,
+            self.run_id,
+            upload_budget,
+            clock,
+            db=self.db,
+            sessions=self._dashboard_sessions,
+        )
         self.instruments.resumed(self.start_round, len(self._resumed))
         if not durable:
             self.uploads.clear()
@@ -462,11 +473,17 @@ class Coordinator:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
+        self.instruments.start()  # first: the control API hands out the dashboard's URL
         await self._start_control()
-        self.instruments.start()
         self._watch_authorized_nodes()
         log.info("serving run %s (id %d) on port %d", self.config.run.name, self.run_id, self.port)
         return self.port
+
+    @property
+    def _dashboard_sessions(self) -> AdminSessions | None:
+        """What guards the dashboard: only a served control API hands out login links
+        (a run without gRPC, the virtual clock's, has none: its dashboard is loopback-only)."""
+        return self.admin_sessions if self._listen else None
 
     def _admin_sessions(self) -> AdminSessions | None:
         """The admins' sessions when ``server.control`` is set (also the dashboard's login).
@@ -487,7 +504,14 @@ class Coordinator:
         control, sessions = self.config.server.control, self.admin_sessions
         if control is None or sessions is None:
             return
-        parts = ControlParts(self.db, self.store, self._admins, sessions, live=self)
+        parts = ControlParts(
+            self.db,
+            self.store,
+            self._admins,
+            sessions,
+            live=self,
+            dashboard_url=self.instruments.dashboard_url,
+        )
         self._control, self.control_port = await start_control_server(
             lambda: ControlServicer(parts), control, self.config.server
         )

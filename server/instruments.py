@@ -1,8 +1,9 @@
-"""What watches a run from outside its database: Prometheus metrics and experiment trackers.
+"""What watches a run from outside its database: metrics, the dashboard, experiment trackers.
 
 The coordinator builds one :class:`RunInstruments` from the configuration
-(``server.metrics``, ``tracking``) and knows nothing more about them: it subscribes
-:attr:`RunInstruments.observers` to the rounds, wraps the durable staging of uploads with
+(``server.metrics``, ``server.dashboard``, ``tracking``) and knows nothing more about
+them: it subscribes :attr:`RunInstruments.observers` to the rounds, wraps the durable
+staging of uploads with
 :meth:`RunInstruments.staging`, calls :meth:`RunInstruments.start` once it serves and
 :meth:`RunInstruments.close` with the run's status. The same happens whether the run is
 ``geofl server`` or ``geofl simulate`` on either clock, since all three run a
@@ -21,6 +22,9 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from geofl.server.config import ConfigError, RunConfig
+from geofl.server.control.admins import AdminSessions
+from geofl.server.dashboard import Dashboard, check_access
+from geofl.server.dashboard.history import History, load_history
 from geofl.server.metrics import MetricsEndpoint, MetricsObserver, RunMetrics
 from geofl.server.metrics.families import UploadBufferCollector
 from geofl.server.models.spool import MemoryBudget
@@ -29,6 +33,7 @@ from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import Registry, TaskRecord
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.tracking.figures import RoundFigures, RunIdentity
+from geofl.storage import Database
 
 if TYPE_CHECKING:
     from geofl.server.tracking.mlflow_tracker import MlflowTracker
@@ -64,6 +69,10 @@ class RunInstruments:
         The memory budget of uploads being received (exported as gauges).
     clock
         The coordinator's clock.
+    db
+        The run's database: the dashboard's first render shows what it holds.
+    sessions
+        The admins' sessions guarding the dashboard (``None``: no login, loopback only).
     """
 
     def __init__(
@@ -73,6 +82,9 @@ class RunInstruments:
         run_id: int,
         upload_budget: MemoryBudget,
         clock: Clock = WALL_CLOCK,
+        *,
+        db: Database | None = None,
+        sessions: AdminSessions | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -90,6 +102,9 @@ class RunInstruments:
             self.metrics = MetricsObserver(families, registry, clock)
             self.endpoint = MetricsEndpoint(config.server.metrics, collectors)
             self.observers.append(self.metrics)
+        self.dashboard = self._make_dashboard(registry, db, sessions)
+        if self.dashboard is not None:
+            self.observers.append(self.dashboard.live)
         self._mlflow = self._make_mlflow()
         self._tensorboard = self._make_tensorboard()
         trackers = [t for t in (self._mlflow, self._tensorboard) if t is not None]
@@ -108,6 +123,26 @@ class RunInstruments:
             "mode": config.schedule.mode,
             "strategy": config.strategy.name,
         }
+
+    def _make_dashboard(
+        self, registry: Registry, db: Database | None, sessions: AdminSessions | None
+    ) -> Dashboard | None:
+        section = self._config.server.dashboard
+        if section is None:
+            return None
+        check_access(section, sessions, self._config.run.name)
+        run_id = self._identity.run_id
+        history = (
+            load_history(db, run_id)
+            if db is not None
+            else History(run={"id": run_id, "name": self._config.run.name, "status": "running"})
+        )
+        return Dashboard(section, history, registry, sessions, self._clock)
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The dashboard's base URL (``http://host:port``) while it serves."""
+        return self.dashboard.url if self.dashboard is not None else None
 
     def _make_mlflow(self) -> MlflowTracker | None:
         section = self._config.tracking.mlflow
@@ -144,12 +179,14 @@ class RunInstruments:
             self.metrics.resumed_updates(number, count)
 
     def start(self) -> None:
-        """Serve the metrics and open the trackers; once (later calls do nothing).
+        """Serve the metrics and the dashboard, open the trackers; once (later calls do nothing).
 
         Raises
         ------
         geofl.server.metrics.MetricsAddressError
             If ``server.metrics.address`` cannot be bound.
+        geofl.server.dashboard.DashboardAddressError
+            If ``server.dashboard.address`` cannot be bound.
         ConfigError
             If MLflow's tracking URI cannot be used.
         """
@@ -159,6 +196,9 @@ class RunInstruments:
         if self.endpoint is not None:
             self.endpoint.start()
             log.info("run %s: metrics at %s", self._config.run.name, self.endpoint.url)
+        if self.dashboard is not None:
+            self.dashboard.start()
+            log.info("run %s: dashboard at %s", self._config.run.name, self.dashboard.url)
         if self._mlflow is not None:
             self._mlflow.start()
         if self._tensorboard is not None:
@@ -175,3 +215,5 @@ class RunInstruments:
             self.metrics.close()
         if self.endpoint is not None:
             self.endpoint.stop()
+        if self.dashboard is not None:
+            self.dashboard.close(status)

@@ -17,6 +17,7 @@ from pydantic import Field, field_validator, model_validator
 
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.config.control import ControlConfig
+from geofl.server.config.dashboard import DashboardConfig
 from geofl.server.config.fields import (
     Address,
     DatabaseUrl,
@@ -287,6 +288,9 @@ class ServerConfig(Section):
     )
     metrics: MetricsConfig | None = Field(
         default=None, description="Prometheus metrics endpoint (docs/metrics.md); null = off."
+    )
+    dashboard: DashboardConfig | None = Field(
+        default=None, description="Live web dashboard (docs/dashboard.md); null = off."
     )
 
     @property

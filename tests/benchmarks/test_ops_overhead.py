@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.ops_overhead import case_config, overheads, run_case
-from geofl.server.config import ConfigError, parse_config
+from geofl.server.config import parse_config
 
 
 @pytest.mark.parametrize("case", ["off", "metrics"])
@@ -17,15 +17,10 @@ def test_each_case_is_a_valid_virtual_run(tmp_path: Path, case: str) -> None:
     assert (config.server.metrics is not None) == (case == "metrics")
 
 
-def test_the_dashboard_case_needs_the_dashboard_section(tmp_path: Path) -> None:
-    """Until the dashboard branch is merged, its key is unknown (the driver says so)."""
-    data = case_config("dashboard", 10, 2, tmp_path)
-    try:
-        config = parse_config(data, source="dashboard")
-    except ConfigError as exc:
-        assert "dashboard" in str(exc)
-    else:
-        assert getattr(config.server, "dashboard", None) is not None
+def test_the_dashboard_case_serves_a_dashboard_and_the_metrics(tmp_path: Path) -> None:
+    config = parse_config(case_config("dashboard", 10, 2, tmp_path), source="dashboard")
+    assert config.server.dashboard is not None and config.server.metrics is not None
+    assert config.server.dashboard.host == "127.0.0.1"  # no login: loopback only
 
 
 def test_overhead_is_the_median_of_pairwise_ratios() -> None:

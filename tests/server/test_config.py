@@ -128,6 +128,7 @@ def test_defaults_fill_every_section(tmp_path: Path) -> None:
         "regions": [],
         "control": None,
         "metrics": None,
+        "dashboard": None,
     }
     assert cfg.tracking.model_dump() == {"mlflow": None, "tensorboard": None}
     simulation = cfg.simulation.model_dump()
