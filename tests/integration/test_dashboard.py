@@ -10,8 +10,8 @@ loop is busy.
 
 Chromium comes from Debian (``chromium``, ``chromium-driver``); without it the browser
 tests skip, unless ``GEOFL_REQUIRE_CHROMIUM=1`` (CI) makes that a failure. With
-``GEOFL_DASHBOARD_SCREENSHOT=PATH`` the browser test also saves the page there (how
-docs/images/dashboard.png is made).
+``GEOFL_DASHBOARD_SCREENSHOT=PATH`` the browser test also saves the page there (the
+README's screenshot comes from ``benchmarks/dashboard_screenshot.py``, on real data).
 """
 
 from __future__ import annotations

@@ -131,10 +131,13 @@
       `<line class="axis" x1="${left}" y1="${top}" x2="${left}" y2="${height - bottom}"/>` +
       `<text x="2" y="${top + 8}">${label(ymax)}</text><text x="2" y="${height - bottom}">${label(ymin)}</text>` +
       `<text x="${width - right - 40}" y="${height - 4}">round ${xmax}</text>`;
+    let legendX = left + 6;  // legend entries side by side, each as wide as its name
     series.forEach((s, i) => {
       const pts = s.points.map(([x, y]) => sx(x).toFixed(1) + "," + sy(y).toFixed(1)).join(" ");
       html += `<polyline stroke="${COLORS[i % COLORS.length]}" points="${pts}"/>`;
-      html += `<text x="${left + 6 + i * 90}" y="${top + 10}" fill="${COLORS[i % COLORS.length]}">${esc(s.name)}</text>`;
+      // A class, not a fill attribute: the stylesheet's text colour would win over it.
+      html += `<text class="series${i % COLORS.length}" x="${legendX}" y="${top + 10}">${esc(s.name)}</text>`;
+      legendX += 6 * s.name.length + 12;
     });
     svg.innerHTML = html;
   }
