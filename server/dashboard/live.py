@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
+
 from geofl.protocols.types import WeightsView
 from geofl.server.dashboard.history import CLIENT_FIELDS, FIELD, History, new_client, numeric
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
@@ -37,6 +39,7 @@ _STATUS, _KIND, _ROUND, _TASKS = FIELD["status"], FIELD["kind"], FIELD["round"],
 _FAILURES, _UP, _DOWN = FIELD["failures"], FIELD["bytes_up"], FIELD["bytes_down"]
 _RTT, _DOWN_BPS, _UP_BPS = FIELD["rtt_s"], FIELD["down_bps"], FIELD["up_bps"]
 _AVAILABILITY = FIELD["availability"]
+_SECAGG_STAGES = frozenset({"advertise", "share", "unmask"})
 
 #: Region name of nodes that named none.
 NO_REGION = "none"
@@ -72,10 +75,11 @@ def _round_row(record: RoundRecord, status: str, seconds: float | None) -> dict[
     }
 
 
-def _rounded(value: float | None, digits: int) -> float | None:
-    """``value`` to ``digits`` decimals (0.1 ms, 1 bit/s): what the page shows, and a
-    thousand short numbers encode twice as fast as a thousand full-precision ones."""
-    return None if value is None else round(value, digits)
+def _encode(message: dict[str, Any]) -> str:
+    """``message`` as JSON text, by orjson: a thousand client rows encode about five
+    times faster than with :func:`json.dumps`, and a NaN becomes ``null`` (which the
+    browser's ``JSON.parse`` accepts) rather than ``NaN`` (which it refuses)."""
+    return orjson.dumps(message, option=orjson.OPT_NON_STR_KEYS).decode()
 
 
 class LiveState(RoundObserver):
@@ -136,7 +140,7 @@ class LiveState(RoundObserver):
         Encoded under the lock from the state itself: no copy of a thousand clients.
         """
         with self._lock:
-            return json.dumps(
+            return _encode(
                 {
                     "seq": self._seq,
                     "sent_at": self._wall(),
@@ -193,7 +197,7 @@ class LiveState(RoundObserver):
                 delta["clients"] = {node_id: clients[node_id] for node_id in self._dirty_clients}
             if self._dirty_aborts:
                 delta["aborts"] = self._aborts
-            encoded = json.dumps(delta)
+            encoded = _encode(delta)
             self._forget_changes()
             return encoded
 
@@ -283,35 +287,39 @@ class LiveState(RoundObserver):
             self._dirty_current = True
 
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
-        node_id = task.node_id
-        if node_id not in self._clients:  # joined since the last recount
+        # A thousand a round: one dictionary look-up per table, nothing recomputed.
+        node_id, status, up, down = task.node_id, outcome.status, outcome.bytes_up, task.bytes_down
+        client = self._clients.get(node_id)
+        if client is None:  # joined since the last recount
             self.recount_nodes()
         with self._lock:
             client = self._clients.get(node_id)
             if client is None:
                 client = self._clients[node_id] = new_client(f"node {node_id}", None, False, True)
-            client[_STATUS] = outcome.status
+            client[_STATUS] = status
             client[_KIND] = task.kind
             client[_ROUND] = number
             client[_TASKS] += 1
-            if outcome.status != "ok":
+            if status != "ok":
                 client[_FAILURES] += 1
-            client[_UP] += outcome.bytes_up
-            client[_DOWN] += task.bytes_down
+            client[_UP] += up
+            client[_DOWN] += down
             self._dirty_clients.add(node_id)
             region = client[_REGION] or NO_REGION
-            totals = self._regions.setdefault(region, {"bytes_up": 0, "bytes_down": 0})
-            totals["bytes_up"] += outcome.bytes_up
-            totals["bytes_down"] += task.bytes_down
+            totals = self._regions.get(region)
+            if totals is None:
+                totals = self._regions[region] = {"bytes_up": 0, "bytes_down": 0}
+            totals["bytes_up"] += up
+            totals["bytes_down"] += down
             self._dirty_regions.add(region)
             current = self._current
             if current is not None and current["number"] == number:
                 current["settled"] += 1
                 by_status = current["by_status"]
-                by_status[outcome.status] = by_status.get(outcome.status, 0) + 1
-                if task.secagg is not None or task.kind in ("advertise", "share", "unmask"):
+                by_status[status] = by_status.get(status, 0) + 1
+                if task.secagg is not None or task.kind in _SECAGG_STAGES:
                     stage = current["stages"].setdefault(task.kind, {})
-                    stage[outcome.status] = stage.get(outcome.status, 0) + 1
+                    stage[status] = stage.get(status, 0) + 1
                 self._dirty_current = True
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
@@ -341,16 +349,35 @@ class LiveState(RoundObserver):
                 self._dirty_current = True
 
     def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
+        # Rounded to what the page shows (0.1 ms, 1 bit/s): short numbers encode faster.
+        # A thousand estimates a round: the rounding is inlined, and a client whose shown
+        # figures did not change is not sent again.
+        clients, dirty = self._clients, self._dirty_clients
         with self._lock:
             for estimate in estimates:
-                client = self._clients.get(estimate.node_id)
+                client = clients.get(estimate.node_id)
                 if client is None:
                     continue
-                client[_RTT] = _rounded(estimate.rtt_s, 4)
-                client[_DOWN_BPS] = _rounded(estimate.down_bps, 0)
-                client[_UP_BPS] = _rounded(estimate.up_bps, 0)
-                client[_AVAILABILITY] = _rounded(estimate.availability, 3)
-                self._dirty_clients.add(estimate.node_id)
+                rtt, down, up, availability = (
+                    estimate.rtt_s,
+                    estimate.down_bps,
+                    estimate.up_bps,
+                    estimate.availability,
+                )
+                shown = (
+                    None if rtt is None else round(rtt, 4),
+                    None if down is None else round(down),
+                    None if up is None else round(up),
+                    None if availability is None else round(availability, 3),
+                )
+                if shown != (
+                    client[_RTT],
+                    client[_DOWN_BPS],
+                    client[_UP_BPS],
+                    client[_AVAILABILITY],
+                ):
+                    client[_RTT], client[_DOWN_BPS], client[_UP_BPS], client[_AVAILABILITY] = shown
+                    dirty.add(estimate.node_id)
 
     async def round_committed(
         self, record: RoundRecord, weights: WeightsView, state: WeightsView

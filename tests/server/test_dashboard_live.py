@@ -152,6 +152,20 @@ def test_measured_links_reach_their_clients(live: LiveState) -> None:
     assert clients(delta)["5"]["rtt_s"] == 0.2 and clients(delta)["5"]["up_bps"] == 1e6
 
 
+def test_a_link_shown_as_before_is_not_sent_again(live: LiveState) -> None:
+    live.take_delta()
+    live.measurements(2, [LinkEstimate(5, rtt_s=0.01234, down_bps=8e6), LinkEstimate(6, rtt_s=0.3)])
+    first = live.take_delta()
+    assert first is not None and clients(first)["5"]["rtt_s"] == 0.0123  # as the page shows it
+    # Node 5 changes below what the page shows (0.1 ms), node 6 by 10 ms.
+    live.measurements(
+        3, [LinkEstimate(5, rtt_s=0.01231, down_bps=8e6), LinkEstimate(6, rtt_s=0.31)]
+    )
+    second = live.take_delta()
+    assert second is not None and set(second["clients"]) == {"6"}
+    assert clients(second)["6"]["rtt_s"] == 0.31
+
+
 def test_nodes_that_leave_and_come_back_are_marked(nodes: Registry, live: LiveState) -> None:
     live.take_delta()
     session = next(s for s in nodes.online() if s.node_id == 7)
