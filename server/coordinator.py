@@ -105,7 +105,11 @@ def build_strategy(config: RunConfig) -> Strategy:
     for key in ("clients_per_round", "min_clients", "max_examples_per_client", "robust"):
         params.pop(key, None)
     strategy = make_strategy(name, **params)
-    robust = config.strategy.robust
+    privacy, robust = config.privacy, config.strategy.robust
+    if privacy is not None:  # the config refuses privacy with a robust rule or Flower
+        assert isinstance(strategy, ServerOptStrategy)
+        rule = privacy.build(config.strategy.clients_per_round, config.planned_rounds)
+        return RobustStrategy(strategy, rule)
     if robust is None:
         return strategy
     assert isinstance(strategy, ServerOptStrategy)  # the config refuses Flower + robust
