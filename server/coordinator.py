@@ -39,6 +39,7 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
+from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.rounds.parts import EngineParts
@@ -114,6 +115,15 @@ def build_strategy(config: RunConfig) -> Strategy:
         return strategy
     assert isinstance(strategy, ServerOptStrategy)  # the config refuses Flower + robust
     return RobustStrategy(strategy, robust.build())
+
+
+def privacy_ledger(config: RunConfig) -> PrivacyLedger | None:
+    """The run's privacy ledger (the same mechanism :func:`build_strategy` noises with)."""
+    privacy = config.privacy
+    if privacy is None:
+        return None
+    mechanism = privacy.mechanism(config.strategy.clients_per_round, config.planned_rounds)
+    return PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:
@@ -308,6 +318,7 @@ class Coordinator:
         self.db: Database = open_database(config.storage.url, retry_s=config.storage.retry_s)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
+        self.ledger = privacy_ledger(config)
         self.registry = Registry(
             config.server.heartbeat_interval_s,
             clock=clock,
@@ -574,6 +585,11 @@ class Coordinator:
             self._add_event("run.stop_requested", f"stop requested: {reason}")
         return first
 
+    def _stop_for_budget(self, reason: str) -> None:
+        """The next round would exceed ``privacy.target_epsilon``: end the run after this one."""
+        self._add_event("privacy.budget_reached", reason)
+        self.request_stop(reason)
+
     def _committed_rounds(self) -> int:
         with self.db.session() as session:
             return queries.get_run(session, self.run_id).last_committed_round
@@ -604,6 +620,12 @@ class Coordinator:
             self.run_id,
             config.storage.keep_checkpoints,
             clock=self.clock,
+            epsilon_after=self.ledger.epsilon_after if self.ledger else None,
+        )
+        guard = (
+            [BudgetGuard(self.ledger, config.planned_rounds, self._stop_for_budget)]
+            if self.ledger
+            else []
         )
         return EngineParts(
             registry=self.registry,
@@ -614,6 +636,7 @@ class Coordinator:
                     recorder,
                     StagedUpdatesCleaner(self.uploads),
                     RoundEvents(self.db, self.run_id, self.clock),
+                    *guard,
                     *self.instruments.observers,
                     *self._observers,
                 ]
@@ -683,6 +706,7 @@ __all__ = [
     "check_exposure",
     "is_loopback",
     "join_check",
+    "privacy_ledger",
     "reap_offline",
     "shutdown_clients",
     "stages_uploads",

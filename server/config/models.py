@@ -50,6 +50,7 @@ from geofl.server.config.simulation import (
 )
 from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
 from geofl.server.config.tracking import TrackingConfig
+from geofl.server.privacy import load_dp_accounting
 
 __all__ = [
     "AuthConfig",
@@ -601,6 +602,7 @@ class RunConfig(Section):
         privacy = self.privacy
         if privacy is None:
             return self
+        load_dp_accounting()  # a missing extra is an error now, not at the first round's end
         problem = privacy_composition_problem(self)
         if problem is None:
             problem = budget_problem(privacy, self.strategy.clients_per_round, self.planned_rounds)
@@ -734,6 +736,11 @@ def privacy_composition_problem(config: RunConfig) -> str | None:
         )
     if isinstance(config.strategy, FlowerStrategyConfig):
         return "privacy needs a geofl strategy: a Flower strategy aggregates un-noised"
+    if config.simulation.relays:
+        return (
+            "privacy cannot be combined with simulation.relays: a relay's regional mean is "
+            "not noised, and clipping it as one update would protect regions, not clients"
+        )
     if config.strategy.robust is not None:
         return (
             f"privacy cannot be combined with strategy.robust ({config.strategy.robust.name}): "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -86,10 +87,25 @@ def test_on_budget_stop_lets_the_run_start() -> None:
             "strategy.robust (median)",
         ),
         ({"strategy": {"flower": "FedAvg", "clients_per_round": 10}}, "geofl strategy"),
+        (
+            {
+                "simulation": {
+                    "clients": 10,
+                    "relays": True,
+                    "regions": {"eu": {"share": 1.0, "rtt_ms": 10, "up_mbps": 10, "down_mbps": 10}},
+                }
+            },
+            "simulation.relays",
+        ),
     ],
 )
 def test_compositions_that_would_be_accounted_wrongly(sections: Any, needle: str) -> None:
     assert needle in refused({"clip_norm": 1.0, "noise_multiplier": 1.0}, **sections)
+
+
+def test_missing_dp_accounting_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)  # import now raises ImportError
+    assert "pip install 'geofl[privacy]'" in refused({"clip_norm": 1.0, "noise_multiplier": 1.0})
 
 
 def test_uniform_sampling_needs_a_uniform_sample() -> None:
