@@ -39,6 +39,7 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
+from geofl.server.privacy import PrivacyError, check_float_model
 from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
@@ -357,6 +358,7 @@ class Coordinator:
                 len(self._resumed),
             )
         self._check_layer_sync(self.weights)
+        self._check_private_model(self.weights)
         size = model_bytes(spec_of(self.weights))
         if size > config.server.max_model_bytes:
             raise UserCodeError(
@@ -399,6 +401,7 @@ class Coordinator:
             if run is None:
                 weights = load_initial_weights(cfg.model)
                 self._check_layer_sync(weights)  # before the run is recorded
+                self._check_private_model(weights)
                 run = queries.create_run(
                     session,
                     cfg.run.name,
@@ -444,6 +447,15 @@ class Coordinator:
             raise ConfigError.single(
                 self.config.run.name, str(exc), path="schedule.partial_sync"
             ) from exc
+
+    def _check_private_model(self, weights: WeightsView) -> None:
+        """Central DP noises float tensors only: a model with others is refused up front."""
+        if self.config.privacy is None:
+            return
+        try:
+            check_float_model(weights)
+        except PrivacyError as exc:
+            raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         now = self.clock.now()

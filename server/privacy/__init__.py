@@ -14,7 +14,12 @@ from geofl.server.privacy.accounting import (
     load_dp_accounting,
 )
 from geofl.server.privacy.errors import PrivacyError
-from geofl.server.privacy.mechanism import GaussianClip, NoisedClippedMean, secure_generator
+from geofl.server.privacy.mechanism import (
+    GaussianClip,
+    NoisedClippedMean,
+    check_float_model,
+    secure_generator,
+)
 
 __all__ = [
     "INSTALL_HINT",
@@ -24,6 +29,7 @@ __all__ = [
     "RoundMechanism",
     "Sampling",
     "calibrate_noise",
+    "check_float_model",
     "epsilon",
     "load_dp_accounting",
     "secure_generator",

@@ -37,7 +37,23 @@ from geofl.server.strategies.robust.kernels import next_clip_norm
 from geofl.server.strategies.robust.rule import state_vector
 from geofl.server.strategies.streaming import TensorSpecLike
 
-__all__ = ["GaussianClip", "NoisedClippedMean", "secure_generator"]
+__all__ = ["GaussianClip", "NoisedClippedMean", "check_float_model", "secure_generator"]
+
+
+def check_float_model(spec: Mapping[str, TensorSpecLike]) -> None:
+    """Refuse a model with non-float tensors: they would be averaged without noise.
+
+    Raises
+    ------
+    PrivacyError
+        Naming the tensors.
+    """
+    integers = [name for name, tensor in spec.items() if np.dtype(tensor.dtype).kind != "f"]
+    if integers:
+        raise PrivacyError(
+            f"privacy needs every model tensor to be float; {integers} would be averaged "
+            "without noise (keep counters out of the federated weights)"
+        )
 
 
 def secure_generator() -> np.random.Generator:
@@ -70,12 +86,7 @@ class NoisedClippedMean(ClippedMean):
         denominator: int,
         rng: np.random.Generator,
     ) -> None:
-        integers = [n for n, t in spec.items() if np.dtype(t.dtype).kind != "f"]
-        if integers:
-            raise PrivacyError(
-                f"privacy needs every model tensor to be float; {integers} would be averaged "
-                "without noise (keep counters out of the federated weights)"
-            )
+        check_float_model(spec)
         super().__init__(spec, GaussianClip.name, clip_norm, weighted=False)
         self.noise_multiplier = noise_multiplier
         self.denominator = denominator

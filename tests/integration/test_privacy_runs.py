@@ -7,17 +7,21 @@ with ``clip_norm`` 1 every update is clipped, and its participation says so.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from geofl.server.cli.main import main as geofl_main
 from geofl.server.config.errors import ConfigError
-from geofl.server.privacy import RoundMechanism, epsilon
+from geofl.server.coordinator import Coordinator
+from geofl.server.privacy import RoundMechanism, Sampling, epsilon
+from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage import open_database, queries
 
-from .conftest import run_config, run_rows
+from .conftest import final_weights, run_config, run_rows
 
 CLIENTS = 3
 
@@ -86,6 +90,12 @@ def test_a_tight_target_stops_the_run_before_the_round_that_would_exceed_it(
     assert "privacy.budget_reached" in capsys.readouterr().out
 
 
+def test_a_model_with_an_integer_counter_is_refused_before_the_run(tmp_path: Path) -> None:
+    config = run_config(tmp_path, privacy={"clip_norm": 1.0, "noise_multiplier": 1.0})
+    with pytest.raises(ConfigError, match=r"\['steps'\] would be averaged without noise"):
+        Coordinator(config, listen=False)
+
+
 def test_the_same_target_refuses_to_start_by_default(tmp_path: Path) -> None:
     z = 2.0
     target = epsilon(RoundMechanism(z), 2, 1e-5) * 1.01
@@ -96,3 +106,45 @@ def test_the_same_target_refuses_to_start_by_default(tmp_path: Path) -> None:
             model="geofl_testapp:make_float_model",
             privacy={"clip_norm": 1.0, "noise_multiplier": z, "target_epsilon": target},
         )
+
+
+def test_adaptive_clipping_with_sampling_on_the_virtual_clock(tmp_path: Path) -> None:
+    """Twenty simulated clients, five a round, one scaled by 10^6: the clipped, noised mean
+    moves each coordinate by at most ~C + 6 noise std a round, and ε is the amplified one."""
+    privacy = {
+        "clip_norm": 1.0,
+        "noise_multiplier": 1.0,
+        "adaptive": {"target_quantile": 0.5, "count_noise_multiplier": 1.0},
+        "sampling": "uniform",
+        "population": 20,
+    }
+    config = run_config(
+        tmp_path,
+        run={"name": "virtual-dp", "rounds": 4, "seed": 3},
+        model="geofl_testapp:make_float_model",
+        strategy={"clients_per_round": 5, "min_clients": 5},
+        schedule={"deadline_s": 600, "wait_for_clients_s": 5},
+        evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
+        simulation={
+            "clients": 20,
+            "app": "geofl_testapp:virtual_app",
+            "clock": "virtual",
+            "workers": 0,
+            "node_config": {"scaled-ids": "7", "scale": 1e6},
+        },
+        privacy=privacy,
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed", outcome.result
+    mechanism = RoundMechanism(1.0, 1.0, Sampling(20, 5))
+    expected = [epsilon(mechanism, n, 1e-5) for n in range(1, 5)]
+    assert recorded_epsilons(config) == pytest.approx(expected)
+    noise_std = 1.0 * 1.0 / 5
+    _, _, pairs = run_rows(config)
+    norms = {
+        match.group(1)
+        for p, _ in pairs
+        if p.kind == "fit" and (match := re.search(r"over the clip norm (\S+),", p.reason or ""))
+    }
+    assert len(norms) > 1, norms  # the adaptive norm moved between rounds
+    assert float(np.abs(final_weights(config)["w"]).max()) < 4 * (1.0 + 6 * noise_std)
