@@ -17,6 +17,7 @@ sensitivity ``C``): no amplification.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
@@ -135,6 +136,7 @@ def epsilon(mechanism: RoundMechanism, rounds: int, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+@functools.lru_cache(maxsize=64)  # config validation and the coordinator ask the same
 def calibrate_noise(
     target_epsilon: float,
     delta: float,
