@@ -110,3 +110,17 @@ def test_default_generator_is_not_the_same_twice() -> None:
     """Cryptographically seeded: two rules draw different noise."""
     a, b = GaussianClip(1.0, 1.0, 1), GaussianClip(1.0, 1.0, 1)
     assert a.rng.normal() != b.rng.normal()
+
+
+@settings(max_examples=30, deadline=None)
+@given(norm=st.floats(1e-3, 1e5), clip=st.floats(1e-2, 10.0), denominator=st.integers(1, 50))
+def test_what_one_update_contributes_is_within_the_clip_norm(
+    norm: float, clip: float, denominator: int
+) -> None:
+    """Measured on the aggregate itself (noise 1e-12): one update moves the sum by <= C."""
+    acc = NoisedClippedMean(SPEC, clip, 1e-12, denominator, np.random.default_rng(0))
+    acc.add(_update(np.random.default_rng(1), norm), 1.0)
+    mean = acc.mean()
+    contribution = np.sqrt(sum(np.sum(np.asarray(t, np.float64) ** 2) for t in mean.values()))
+    assert contribution * denominator <= clip * (1 + 1e-5)
+    assert contribution * denominator == pytest.approx(min(norm, clip), rel=1e-4)
