@@ -53,6 +53,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── ShaperConfigError (also ValueError)             geofl.server.simulation.shaper
     ├── ShaperStartError (also RuntimeError)            geofl.server.simulation.shaper
     ├── TraceError                                      geofl.server.simulation.trace_format
+    ├── PrivacyError (also ValueError)                  geofl.server.privacy.errors
     ├── StrategyError                                   geofl.server.strategies.errors
     │   └── UpdateRejected                              geofl.server.strategies.errors
     ├── FlowerConfigError (also ValueError)             geofl.server.strategies._flower_names

@@ -39,6 +39,8 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
+from geofl.server.privacy import PrivacyError, check_float_model
+from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.rounds.parts import EngineParts
@@ -105,11 +107,24 @@ def build_strategy(config: RunConfig) -> Strategy:
     for key in ("clients_per_round", "min_clients", "max_examples_per_client", "robust"):
         params.pop(key, None)
     strategy = make_strategy(name, **params)
-    robust = config.strategy.robust
+    privacy, robust = config.privacy, config.strategy.robust
+    if privacy is not None:  # the config refuses privacy with a robust rule or Flower
+        assert isinstance(strategy, ServerOptStrategy)
+        rule = privacy.build(config.strategy.clients_per_round, config.planned_rounds)
+        return RobustStrategy(strategy, rule)
     if robust is None:
         return strategy
     assert isinstance(strategy, ServerOptStrategy)  # the config refuses Flower + robust
     return RobustStrategy(strategy, robust.build())
+
+
+def privacy_ledger(config: RunConfig) -> PrivacyLedger | None:
+    """The run's privacy ledger (the same mechanism :func:`build_strategy` noises with)."""
+    privacy = config.privacy
+    if privacy is None:
+        return None
+    mechanism = privacy.mechanism(config.strategy.clients_per_round, config.planned_rounds)
+    return PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:
@@ -304,6 +319,7 @@ class Coordinator:
         self.db: Database = open_database(config.storage.url, retry_s=config.storage.retry_s)
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
+        self.ledger = privacy_ledger(config)
         self.registry = Registry(
             config.server.heartbeat_interval_s,
             clock=clock,
@@ -342,6 +358,7 @@ class Coordinator:
                 len(self._resumed),
             )
         self._check_layer_sync(self.weights)
+        self._check_private_model(self.weights)
         size = model_bytes(spec_of(self.weights))
         if size > config.server.max_model_bytes:
             raise UserCodeError(
@@ -384,6 +401,7 @@ class Coordinator:
             if run is None:
                 weights = load_initial_weights(cfg.model)
                 self._check_layer_sync(weights)  # before the run is recorded
+                self._check_private_model(weights)
                 run = queries.create_run(
                     session,
                     cfg.run.name,
@@ -429,6 +447,15 @@ class Coordinator:
             raise ConfigError.single(
                 self.config.run.name, str(exc), path="schedule.partial_sync"
             ) from exc
+
+    def _check_private_model(self, weights: WeightsView) -> None:
+        """Central DP noises float tensors only: a model with others is refused up front."""
+        if self.config.privacy is None:
+            return
+        try:
+            check_float_model(weights)
+        except PrivacyError as exc:
+            raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         now = self.clock.now()
@@ -570,6 +597,11 @@ class Coordinator:
             self._add_event("run.stop_requested", f"stop requested: {reason}")
         return first
 
+    def _stop_for_budget(self, reason: str) -> None:
+        """The next round would exceed ``privacy.target_epsilon``: end the run after this one."""
+        self._add_event("privacy.budget_reached", reason)
+        self.request_stop(reason)
+
     def _committed_rounds(self) -> int:
         with self.db.session() as session:
             return queries.get_run(session, self.run_id).last_committed_round
@@ -600,6 +632,12 @@ class Coordinator:
             self.run_id,
             config.storage.keep_checkpoints,
             clock=self.clock,
+            epsilon_after=self.ledger.epsilon_after if self.ledger else None,
+        )
+        guard = (
+            [BudgetGuard(self.ledger, config.planned_rounds, self._stop_for_budget)]
+            if self.ledger
+            else []
         )
         return EngineParts(
             registry=self.registry,
@@ -610,6 +648,7 @@ class Coordinator:
                     recorder,
                     StagedUpdatesCleaner(self.uploads),
                     RoundEvents(self.db, self.run_id, self.clock),
+                    *guard,
                     *self.instruments.observers,
                     *self._observers,
                 ]
@@ -679,6 +718,7 @@ __all__ = [
     "check_exposure",
     "is_loopback",
     "join_check",
+    "privacy_ledger",
     "reap_offline",
     "shutdown_clients",
     "stages_uploads",

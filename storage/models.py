@@ -276,6 +276,9 @@ class Round(Base):
         ForeignKey("checkpoints.id", ondelete="SET NULL")
     )
     error: Mapped[str | None] = mapped_column(Text)
+    #: The run's privacy spent after this round: ε at the run's δ (null without privacy).
+    #: Deferred, so that ``geofl runs show`` still reads a database from before 0007.
+    epsilon: Mapped[float | None] = mapped_column(Float, deferred=True)
 
     run: Mapped[Run] = relationship(back_populates="rounds", lazy="raise")
     checkpoint: Mapped[Checkpoint | None] = relationship(lazy="raise")

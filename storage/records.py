@@ -122,6 +122,8 @@ class RoundSummary(_JSONRecord):
     phase_durations: dict[str, Any]
     checkpoint_id: int | None
     error: str | None
+    #: ε at the run's δ after this round (None without privacy).
+    epsilon: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from sqlalchemy import ColumnElement, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import inspect as inspect_schema
+from sqlalchemy.orm import Session, undefer
 
 from geofl.storage.errors import RunNotFoundError
 from geofl.storage.models import Checkpoint, Node, Participation, Round, Run
@@ -143,11 +144,20 @@ def run_summary(session: Session, run_id: int) -> RunSummary:
 
 def rounds_of(session: Session, run_id: int) -> list[RoundSummary]:
     """Every round row of a run (committed or not), by round number."""
-    rows = session.scalars(select(Round).where(Round.run_id == run_id).order_by(Round.number))
-    return [_round_summary(row) for row in rows]
+    query = select(Round).where(Round.run_id == run_id).order_by(Round.number)
+    with_epsilon = _has_epsilon(session)
+    if with_epsilon:
+        query = query.options(undefer(Round.epsilon))
+    return [_round_summary(row, with_epsilon) for row in session.scalars(query)]
 
 
-def _round_summary(row: Round) -> RoundSummary:
+def _has_epsilon(session: Session) -> bool:
+    """Whether ``rounds.epsilon`` exists (revision 0007): runs show reads older databases."""
+    columns = inspect_schema(session.connection()).get_columns("rounds")
+    return any(column["name"] == "epsilon" for column in columns)
+
+
+def _round_summary(row: Round, with_epsilon: bool = True) -> RoundSummary:
     return RoundSummary(
         id=row.id,
         number=row.number,
@@ -173,6 +183,7 @@ def _round_summary(row: Round) -> RoundSummary:
         phase_durations=dict(row.phase_durations),
         checkpoint_id=row.checkpoint_id,
         error=row.error,
+        epsilon=row.epsilon if with_epsilon else None,
     )
 
 

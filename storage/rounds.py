@@ -301,9 +301,12 @@ def commit_round(
     server_eval_loss: float | None = None,
     server_eval_metrics: Mapping[str, Any] | None = None,
     seconds_in_last_phase: float | None = None,
+    epsilon: float | None = None,
     now: datetime | None = None,
 ) -> Round:
     """Finish a running round: checkpoint row, totals, status, and the run's progress.
+
+    ``epsilon`` is the run's privacy spent after the round (None without privacy).
 
     Counts come from the round's ``fit`` participations: ``num_selected`` distinct
     tasks, ``num_succeeded`` of them with an ``ok`` attempt, ``num_failed`` the rest;
@@ -331,6 +334,7 @@ def commit_round(
     row.train_loss, row.eval_loss, row.server_eval_loss = train_loss, eval_loss, server_eval_loss
     row.fit_metrics, row.eval_metrics, row.server_eval_metrics = fit, evaluation, server_evaluation
     _add_phase_time(row, seconds_in_last_phase)
+    row.epsilon = epsilon
     row.phase = RoundPhase.COMMIT.value
     _close_round(row, RoundStatus.COMMITTED, when)
     run.last_committed_round = max(run.last_committed_round, row.number)

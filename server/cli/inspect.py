@@ -92,6 +92,7 @@ def detail_tables(
         "MB down (raw)",
         "train loss",
         "eval loss",
+        *(["ε"] if any(r.epsilon is not None for r in detail.rounds) else []),
         "metrics",
     ):
         rounds.add_column(column)
@@ -107,6 +108,7 @@ def detail_tables(
             _traffic(r.bytes_down, r.bytes_down_raw),
             _num(r.train_loss),
             _num(r.eval_loss),
+            *([_num(r.epsilon)] if any(x.epsilon is not None for x in detail.rounds) else []),
             _metrics(metrics),
         )
     clients = Table(title="participations")

@@ -30,6 +30,7 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.metrics import MetricsConfig
+from geofl.server.config.privacy import PrivacyConfig, budget_problem
 from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.config.schedule import (
     AsyncConfig,
@@ -49,6 +50,7 @@ from geofl.server.config.simulation import (
 )
 from geofl.server.config.strategy import FlowerStrategyConfig, StrategyConfig
 from geofl.server.config.tracking import TrackingConfig
+from geofl.server.privacy import load_dp_accounting
 
 __all__ = [
     "AuthConfig",
@@ -60,6 +62,7 @@ __all__ = [
     "SimulationConfig",
     "StorageConfig",
     "TlsConfig",
+    "privacy_composition_problem",
 ]
 
 KIB = 1024
@@ -536,6 +539,11 @@ class RunConfig(Section):
         "Secure aggregation (SecAgg+): the server sees only the cohort's sum."
     )
     tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
+    privacy: PrivacyConfig | None = Field(
+        default=None,
+        description="Central client-level differential privacy: each update clipped, "
+        "Gaussian noise on the aggregate, ε accounted per round (docs/privacy.md); null = off.",
+    )
 
     @model_validator(mode="after")
     def _secure_aggregation_composes(self) -> RunConfig:
@@ -586,6 +594,20 @@ class RunConfig(Section):
                 f"{self.schedule.mode!r}: FedBuff's staleness-discounted buffer and DiLoCo's "
                 "outer step are not wired to robust rules"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _privacy_composes(self) -> RunConfig:
+        """Central DP is accounted for synchronous rounds of one geofl strategy."""
+        privacy = self.privacy
+        if privacy is None:
+            return self
+        load_dp_accounting()  # a missing extra is an error now, not at the first round's end
+        problem = privacy_composition_problem(self)
+        if problem is None:
+            problem = budget_problem(privacy, self.strategy.clients_per_round, self.planned_rounds)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -686,6 +708,8 @@ class RunConfig(Section):
         dashboard on for a restart must not make it a different run.
         """
         data = self.to_dict()
+        if data.get("privacy") is None:  # runs from before the section keep their identity
+            data.pop("privacy", None)
         for section, key in OPERATIONAL_KEYS:
             if key is None:
                 data.pop(section, None)
@@ -693,3 +717,57 @@ class RunConfig(Section):
                 data[section].pop(key, None)
         text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def privacy_composition_problem(config: RunConfig) -> str | None:
+    """Why ``config.privacy`` would not be accounted correctly with the rest, or None."""
+    privacy = config.privacy
+    assert privacy is not None
+    if config.secure_aggregation.enabled:
+        return (
+            "privacy (central DP) cannot be combined with secure_aggregation: the server "
+            "clips and noises each update, which it never sees under masking; distributed DP "
+            "(clients noise in the ring) is not built yet"
+        )
+    if config.schedule.mode != "sync":
+        return (
+            f"privacy needs schedule.mode sync, not {config.schedule.mode!r}: FedBuff's "
+            "buffers and DiLoCo's outer step are not accounted yet"
+        )
+    if isinstance(config.strategy, FlowerStrategyConfig):
+        return "privacy needs a geofl strategy: a Flower strategy aggregates un-noised"
+    if config.simulation.relays:
+        return (
+            "privacy cannot be combined with simulation.relays: a relay's regional mean is "
+            "not noised, and clipping it as one update would protect regions, not clients"
+        )
+    if config.strategy.robust is not None:
+        return (
+            f"privacy cannot be combined with strategy.robust ({config.strategy.robust.name}): "
+            "central DP clips each update itself, and a rule that picks or reorders updates "
+            "(median, Krum) has a sensitivity the Gaussian mechanism does not bound"
+        )
+    if privacy.sampling == "uniform":
+        return _uniform_sampling_problem(config, privacy.population or 0)
+    return None
+
+
+def _uniform_sampling_problem(config: RunConfig, population: int) -> str | None:
+    """Amplification holds only if the cohort is a uniform sample without replacement."""
+    selection, cohort = config.schedule.selection, config.strategy.clients_per_round
+    reasons = []
+    if selection.policy != "uniform":
+        reasons.append(f"schedule.selection.policy is {selection.policy!r}")
+    if selection.fairness != "none" or selection.utility or selection.node_config:
+        reasons.append("schedule.selection has fairness, utility or a node_config filter")
+    if config.schedule.over_select != 1:
+        reasons.append("schedule.over_select is not 1 (the fastest of a larger sample)")
+    if cohort > population:
+        reasons.append(f"clients_per_round {cohort} exceeds privacy.population {population}")
+    if not reasons:
+        return None
+    return (
+        "privacy.sampling uniform amplifies ε only for a uniform sample without replacement "
+        f"of clients_per_round out of privacy.population, but {'; '.join(reasons)}: fix "
+        "that, or set privacy.sampling: none"
+    )
