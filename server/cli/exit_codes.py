@@ -42,7 +42,7 @@ HELP: dict[ExitCode, str] = {
     ExitCode.IDENTITY_REFUSED: "the server refused this node's identity (unknown or revoked key)",
     ExitCode.TLS_VERIFICATION: "a TLS certificate could not be verified (wrong CA, name)",
     ExitCode.CREDENTIALS: "a certificate or key file is missing, unreadable or not a key",
-    ExitCode.CANCELLED: "the run was cancelled by an operator (geofl runs stop)",
+    ExitCode.CANCELLED: "the run was cancelled (geofl runs stop, or its privacy budget ran out)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C / SIGTERM); a server's run is left interrupted "
     "and resumes when started again",
 }
