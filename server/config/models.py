@@ -541,8 +541,9 @@ class RunConfig(Section):
     tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
     privacy: PrivacyConfig | None = Field(
         default=None,
-        description="Central client-level differential privacy: each update clipped, "
-        "Gaussian noise on the aggregate, ε accounted per round (docs/privacy.md); null = off.",
+        description="Client-level differential privacy, ε accounted per round "
+        "(docs/privacy.md): central (the server clips and noises the aggregate) or, with "
+        "secure_aggregation, distributed (clients noise in the ring); null = off.",
     )
 
     @model_validator(mode="after")
