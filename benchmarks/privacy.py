@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -141,6 +142,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--server-momentum", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="runs of each case (DP noise is fresh each time; the data and seed are not)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/privacy.json"))
     args = parser.parse_args(argv)
     targets = [float(e) for e in args.epsilons.split(",")]
@@ -149,17 +156,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if variant not in VARIANTS:
             parser.error(f"unknown variant {variant!r}; choose from {VARIANTS}")
         for target in [None] if variant == "nonprivate" else targets:
-            with tempfile.TemporaryDirectory(prefix="geofl-privacy-") as tmp:
-                config = run_config(args, variant, target, Path(tmp))
-                row = {
-                    "variant": variant,
-                    "target_epsilon": target,
-                    "noise_multiplier": noise_multiplier(config),
-                    **measure(config),
-                }
-            print(json.dumps(row), flush=True)
-            results.append(row)
-            args.out.write_text(json.dumps(_report(args, results), indent=2) + "\n")
+            for repeat in range(args.repeats):
+                with tempfile.TemporaryDirectory(prefix="geofl-privacy-") as tmp:
+                    config = run_config(args, variant, target, Path(tmp))
+                    row = {
+                        "variant": variant,
+                        "target_epsilon": target,
+                        "repeat": repeat,
+                        "noise_multiplier": noise_multiplier(config),
+                        **measure(config),
+                    }
+                print(json.dumps(row), flush=True)
+                results.append(row)
+                args.out.write_text(json.dumps(_report(args, results), indent=2) + "\n")
     return 0
 
 
@@ -169,8 +178,30 @@ def _report(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str
         "benchmark": "privacy (issue 15)",
         "settings": settings,
         "machine": {"python": platform.python_version(), "processor": platform.machine()},
+        "summary": summarize(results),
         "results": results,
     }
+
+
+def summarize(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean and spread of the test accuracy of each (variant, target) over its repeats."""
+    cases: dict[tuple[str, float | None], list[float]] = {}
+    for row in results:
+        cases.setdefault((row["variant"], row["target_epsilon"]), []).append(row["test_accuracy"])
+    return [
+        {
+            "variant": variant,
+            "target_epsilon": target,
+            "runs": len(accuracies),
+            "mean_accuracy": round(statistics.fmean(accuracies), 4),
+            "min_accuracy": min(accuracies),
+            "max_accuracy": max(accuracies),
+            "stdev_accuracy": round(statistics.stdev(accuracies), 4)
+            if len(accuracies) > 1
+            else None,
+        }
+        for (variant, target), accuracies in cases.items()
+    ]
 
 
 if __name__ == "__main__":
