@@ -27,6 +27,7 @@ beside the geofl one, so ``except X`` still catches it)::
     │   └── RunFinishedError                            geofl.protocols.errors
     ├── SecAggError                                     geofl.protocols.secagg.errors
     │   └── SecAggAbortError                            geofl.protocols.secagg.errors
+    ├── DistributedDpError (also ValueError)            geofl.protocols.ddp.errors
     ├── StorageError                                    geofl.storage.errors
     │   ├── DatabaseURLError (also ValueError)          geofl.storage.errors
     │   ├── StorageUnavailableError                     geofl.storage.errors

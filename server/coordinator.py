@@ -27,6 +27,7 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
 from geofl.server.config.fields import is_loopback
+from geofl.server.config.privacy import budget_problem
 from geofl.server.control.admins import AdminKeys, AdminSessions
 from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
 from geofl.server.dashboard import check_access
@@ -39,14 +40,14 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
-from geofl.server.privacy import PrivacyError, check_float_model
+from geofl.server.privacy import DistributedMechanism, PrivacyError, check_float_model
 from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
 from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
-from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.secure import DistributedDpSettings, SecureSettings
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
@@ -108,6 +109,8 @@ def build_strategy(config: RunConfig) -> Strategy:
         params.pop(key, None)
     strategy = make_strategy(name, **params)
     privacy, robust = config.privacy, config.strategy.robust
+    if privacy is not None and privacy.is_distributed(config.secure_aggregation.enabled):
+        return strategy  # the clients clip and noise; the server averages the noised sum
     if privacy is not None:  # the config refuses privacy with a robust rule or Flower
         assert isinstance(strategy, ServerOptStrategy)
         rule = privacy.build(config.strategy.clients_per_round, config.planned_rounds)
@@ -119,12 +122,46 @@ def build_strategy(config: RunConfig) -> Strategy:
 
 
 def privacy_ledger(config: RunConfig) -> PrivacyLedger | None:
-    """The run's privacy ledger (the same mechanism :func:`build_strategy` noises with)."""
+    """The run's central-DP ledger (the same mechanism :func:`build_strategy` noises with);
+    None without privacy or with distributed DP, whose ledger needs the model's size
+    (:func:`distributed_plan`)."""
     privacy = config.privacy
-    if privacy is None:
+    if privacy is None or privacy.is_distributed(config.secure_aggregation.enabled):
         return None
-    mechanism = privacy.mechanism(config.strategy.clients_per_round, config.planned_rounds)
+    mechanism = privacy.central_mechanism(config.strategy.clients_per_round, config.planned_rounds)
     return PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
+
+
+def distributed_plan(
+    config: RunConfig, dimension: int
+) -> tuple[DistributedMechanism, DistributedDpSettings]:
+    """Distributed DP for a model of ``dimension`` floats: the accounted mechanism and the
+    settings every secure round sends to its clients.
+
+    Raises
+    ------
+    PrivacyError
+        If the ring is too small, no noise fits the target, or the target is exceeded.
+    """
+    privacy = config.privacy
+    assert privacy is not None
+    cohort, rounds = config.strategy.clients_per_round, config.planned_rounds
+    mechanism = privacy.distributed_mechanism(
+        cohort, rounds, dimension, config.secure_aggregation.ring_bits
+    )
+    problem = budget_problem(privacy, cohort, rounds, mechanism)
+    if problem is not None:
+        raise PrivacyError(f"distributed DP for a model of {dimension} floats: {problem}")
+    settings = DistributedDpSettings(
+        clip_norm=mechanism.clip_norm,
+        granularity=mechanism.granularity,
+        noise_stddev=mechanism.noise_stddev,
+        rounding_bound=mechanism.rounding_bound,
+        dimension=dimension,
+        min_survivors=mechanism.min_survivors,
+        denominator=cohort,
+    )
+    return mechanism, settings
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:
@@ -320,6 +357,7 @@ class Coordinator:
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
         self.ledger = privacy_ledger(config)
+        self._ddp: DistributedDpSettings | None = None  # planned with the model
         self.registry = Registry(
             config.server.heartbeat_interval_s,
             clock=clock,
@@ -449,11 +487,18 @@ class Coordinator:
             ) from exc
 
     def _check_private_model(self, weights: WeightsView) -> None:
-        """Central DP noises float tensors only: a model with others is refused up front."""
-        if self.config.privacy is None:
+        """DP noises float tensors only: a model with others is refused up front. Distributed
+        DP is planned (and its exact ε checked against the target) here, once the model's
+        size is known."""
+        privacy = self.config.privacy
+        if privacy is None:
             return
         try:
             check_float_model(weights)
+            if privacy.is_distributed(self.config.secure_aggregation.enabled):
+                dimension = sum(int(w.size) for w in weights.values())
+                mechanism, self._ddp = distributed_plan(self.config, dimension)
+                self.ledger = PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
         except PrivacyError as exc:
             raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
 
@@ -660,7 +705,7 @@ class Coordinator:
                 load_server_evaluate(config.evaluation.server) if config.evaluation.server else None
             ),
             compression=config.compression,
-            secure=SecureSettings.from_config(config.secure_aggregation, self.run_id),
+            secure=SecureSettings.from_config(config.secure_aggregation, self.run_id, self._ddp),
             scheduler=self._scheduler(),
             resumed=self._resumed,
             stop_requested=self.stop_switch.requested,
@@ -716,6 +761,7 @@ __all__ = [
     "StagedUpdatesCleaner",
     "build_strategy",
     "check_exposure",
+    "distributed_plan",
     "is_loopback",
     "join_check",
     "privacy_ledger",

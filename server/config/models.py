@@ -30,7 +30,7 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.metrics import MetricsConfig
-from geofl.server.config.privacy import PrivacyConfig, budget_problem
+from geofl.server.config.privacy import PrivacyConfig, budget_problem, distributed_problem
 from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.config.schedule import (
     AsyncConfig,
@@ -541,8 +541,9 @@ class RunConfig(Section):
     tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
     privacy: PrivacyConfig | None = Field(
         default=None,
-        description="Central client-level differential privacy: each update clipped, "
-        "Gaussian noise on the aggregate, ε accounted per round (docs/privacy.md); null = off.",
+        description="Client-level differential privacy, ε accounted per round "
+        "(docs/privacy.md): central (the server clips and noises the aggregate) or, with "
+        "secure_aggregation, distributed (clients noise in the ring); null = off.",
     )
 
     @model_validator(mode="after")
@@ -723,11 +724,27 @@ def privacy_composition_problem(config: RunConfig) -> str | None:
     """Why ``config.privacy`` would not be accounted correctly with the rest, or None."""
     privacy = config.privacy
     assert privacy is not None
-    if config.secure_aggregation.enabled:
+    secure = config.secure_aggregation
+    if privacy.is_distributed(secure.enabled):
+        if not secure.enabled:
+            return (
+                "privacy.mechanism distributed needs secure_aggregation.enabled: the clients "
+                "noise in the secure-aggregation ring; use mechanism central without it"
+            )
+        if secure.low_rank is not None:
+            return (
+                "privacy.mechanism distributed cannot be combined with "
+                "secure_aggregation.low_rank: the projection's error feedback is not clipped "
+                "with the update, so the sensitivity would not be bounded"
+            )
+        problem = distributed_problem(privacy, config.strategy.clients_per_round, secure.ring_bits)
+        if problem is not None:
+            return problem
+    elif secure.enabled:
         return (
-            "privacy (central DP) cannot be combined with secure_aggregation: the server "
-            "clips and noises each update, which it never sees under masking; distributed DP "
-            "(clients noise in the ring) is not built yet"
+            "privacy.mechanism central cannot be combined with secure_aggregation: the server "
+            "clips and noises each update, which it never sees under masking; use mechanism "
+            "distributed (or auto), where clients noise in the ring"
         )
     if config.schedule.mode != "sync":
         return (

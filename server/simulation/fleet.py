@@ -37,17 +37,18 @@ import numpy.typing as npt
 from geofl.protocols import partial_sync
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.errors import WireError
+from geofl.protocols.errors import GeoflError, WireError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
+from geofl.server.nodes.outcomes import DeltaUpdate, MaskedVector, Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.nodes.updates import check_fit
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
+from geofl.server.simulation.secure_clients import SECURE_STAGES, VirtualSecureClients
 from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.virtual_loop import real_work
 from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, UploadedTensor
@@ -181,6 +182,7 @@ class VirtualFleet:
         self._position = {link.client: position for position, link in enumerate(links)}
         self._held = np.full(len(links), -1, dtype=np.int64)
         self._in_flight = InFlight()
+        self._secure = VirtualSecureClients(run_id, spec)
         regions = dict.fromkeys(link.region for link in links)
         self.stats = FleetStats(dict.fromkeys(regions, 0), dict.fromkeys(regions, 0))
 
@@ -219,11 +221,30 @@ class VirtualFleet:
     # ------------------------------------------------------------ tasks
 
     def deliver(self, session: NodeSession, task: TaskRecord) -> None:
-        """Serve ``task`` on the simulated clock (fit and evaluate; other kinds fail)."""
+        """Serve ``task`` on the simulated clock (fit, evaluate and the SecAgg+ stages;
+        other kinds fail)."""
+        who = self._identities[session.node_id]
+        if task.kind in SECURE_STAGES:
+            self._in_flight.start(self._serve_stage(who, task))
+            return
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"virtual clients cannot run {task.kind} tasks"))
             return
-        self._in_flight.start(self._serve(self._identities[session.node_id], task))
+        self._in_flight.start(self._serve(who, task))
+
+    async def _serve_stage(self, who: ClientIdentity, task: TaskRecord) -> None:
+        """A key-exchange or unmasking task: one round trip carrying the stage's messages."""
+        link = self._links[self._position[who.index]]
+        task.started_at = self._clock.time()
+        outcome = self._secure.answer(who.node_id, task)
+        down = task.secagg.ByteSize() if task.secagg is not None else 0
+        trip = link.download_s(down, link.sample_jitter_s(self._rng)) + link.upload_s(
+            outcome.bytes_up, link.sample_jitter_s(self._rng)
+        )
+        late = await self._until(self._online_until(who.index), self.now() + trip, _offline(who))
+        if late is None and self._clock.time() > task.deadline:
+            late = Outcome("late", "result arrived after the stage deadline")
+        task.settle(late or outcome)
 
     async def close(self) -> None:
         """Cancel tasks still in flight (the run is over)."""
@@ -335,6 +356,20 @@ class VirtualFleet:
         groups = partial_sync.groups_of(task.config, [t.name for t in self._spec])
         return self._spec if groups is None else partial_sync.upload_order(self._spec, groups)
 
+    def _masked_outcome(
+        self, task: TaskRecord, update: VirtualUpdate, result: JobResult, compute_s: float
+    ) -> Outcome:
+        """Mask the update as the client would before sending it (SecAgg+, maybe with
+        distributed DP's noise)."""
+        try:
+            delta = {t.name: update[t.name] for t in self._spec}
+            masked = self._secure.mask(task.node_id, task, delta, result.num_examples)
+        except GeoflError as exc:
+            return Outcome("failed", f"secure aggregation: {exc}")
+        finally:
+            update.close()
+        return _masked_outcome_of(masked, result, compute_s)
+
     def _outcome(self, task: TaskRecord, result: JobResult, compute_s: float) -> Outcome:
         if result.status != "ok":
             return Outcome("failed", result.error or "client error", metrics=result.metrics)
@@ -354,6 +389,8 @@ class VirtualFleet:
         except WireError as exc:  # what the servicer would refuse, for the same reason
             update.close()
             return Outcome("rejected", str(exc))
+        if task.secagg is not None:
+            return self._masked_outcome(task, update, result, compute_s)
         raw = sum(t.nbytes for t in self._spec)
         return Outcome(
             "ok",
@@ -365,6 +402,21 @@ class VirtualFleet:
             bytes_up=result.payload_bytes,
             bytes_up_raw=raw,
         )
+
+
+def _masked_outcome_of(masked: MaskedVector, result: JobResult, compute_s: float) -> Outcome:
+    """A secure fit's outcome: the masked vector is what travels."""
+    size = int(masked.vector.nbytes)
+    return Outcome(
+        "ok",
+        num_examples=result.num_examples,
+        loss=result.loss,
+        metrics=result.metrics,
+        payload=masked,
+        compute_s=compute_s,
+        bytes_up=size,
+        bytes_up_raw=size,
+    )
 
 
 def overlapped_upload(
