@@ -320,10 +320,14 @@ def summarize_case(result: Mapping[str, Any], malicious: Sequence[int]) -> dict[
     failed = [f"round {r['round']}: {r['status']}" for r in rounds if r["status"] != "committed"]
     bad = set(malicious)
     selected = used = reasoned = 0
+    per_round = [0] * len(rounds)
     for row in result.get("participations", []):
         partition = _node_partition(str(row.get("node_name", "")))
         if partition not in bad:
             continue
+        number = int(row.get("round_number", row.get("round", 0)))
+        if 1 <= number <= len(rounds):
+            per_round[number - 1] += 1
         selected += 1
         used += row.get("status") == "ok"
         reasoned += row.get("reason") is not None
@@ -335,6 +339,7 @@ def summarize_case(result: Mapping[str, Any], malicious: Sequence[int]) -> dict[
         "accuracy_by_round": by_round,
         "failed_rounds": len(failed),
         "first_failure": failed[0] if failed else None,
+        "malicious_by_round": per_round,
         "malicious_selected": selected,
         "malicious_used": used,
         "malicious_with_reason": reasoned,

@@ -47,8 +47,14 @@ needs_fmnist = pytest.mark.skipif(
     reason="Fashion-MNIST files absent: apt-get install dataset-fashion-mnist",
 )
 
-GLOBAL: Weights = {"w": np.array([1.0, 2.0, 3.0], dtype=np.float32), "n": np.array([5], dtype=np.int64)}
-HONEST: Weights = {"w": np.array([1.5, 1.0, 3.0], dtype=np.float32), "n": np.array([6], dtype=np.int64)}
+GLOBAL: Weights = {
+    "w": np.array([1.0, 2.0, 3.0], dtype=np.float32),
+    "n": np.array([5], dtype=np.int64),
+}
+HONEST: Weights = {
+    "w": np.array([1.5, 1.0, 3.0], dtype=np.float32),
+    "n": np.array([6], dtype=np.int64),
+}
 
 
 def test_scaling_multiplies_the_honest_delta_and_keeps_integer_tensors() -> None:
