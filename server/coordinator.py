@@ -47,6 +47,7 @@ from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
 from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
 from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.writer import InlineWriter, SerialWriter, Writer
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
@@ -269,11 +270,13 @@ async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_
 class StagedUpdatesCleaner(RoundObserver):
     """Drops a round's staged updates once the round is over (committed or failed)."""
 
-    def __init__(self, uploads: DurableUploads) -> None:
+    def __init__(self, uploads: DurableUploads, writer: Writer | None = None) -> None:
         self._uploads = uploads
+        self._writer = writer if writer is not None else InlineWriter()
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
-        self._uploads.clear_round(record.number)
+        number = record.number
+        self._writer.submit(lambda: self._uploads.clear_round(number))
 
 
 def stages_uploads(config: RunConfig) -> bool:
@@ -325,7 +328,10 @@ class Coordinator:
             clock=clock,
             selectable=config.schedule.selection.node_config,
         )
-        self.db.on_recovered = lambda waited: self.registry.forgive_silence()
+        #: The rounds' database work: on one worker thread when serving RPCs, so the event
+        #: loop answers them while the database is away (see server/rounds/writer.py).
+        self.writer: Writer = SerialWriter() if listen else InlineWriter()
+        self.db.on_recovered = self._forgive_silence
         self.admin_sessions = self._admin_sessions()  # a bad admins file: before any run
         if config.server.dashboard is not None:  # a dashboard without login: as early
             check_access(config.server.dashboard, self._dashboard_sessions, config.run.name)
@@ -366,6 +372,7 @@ class Coordinator:
                 f"({config.server.max_model_bytes})"
             )
         self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.control_port: int | None = None
         self._control: grpc.aio.Server | None = None
         self._server: grpc.aio.Server | None = None
@@ -457,6 +464,21 @@ class Coordinator:
         except PrivacyError as exc:
             raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
 
+    def _forgive_silence(self, waited_s: float) -> None:
+        """The database is back: heartbeats missed meanwhile say nothing about the nodes.
+
+        Called on whichever thread waited (the writer's, a staging thread, or the loop
+        at start-up); the registry belongs to the event loop, so it is done there.
+        """
+        loop = self._loop
+        on_loop = False
+        with contextlib.suppress(RuntimeError):
+            on_loop = asyncio.get_running_loop() is loop
+        if loop is None or on_loop or loop.is_closed():
+            self.registry.forgive_silence()
+        else:
+            loop.call_soon_threadsafe(self.registry.forgive_silence)
+
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         now = self.clock.now()
         return self.db.transact(
@@ -499,6 +521,7 @@ class Coordinator:
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
+        self._loop = asyncio.get_running_loop()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
         self.instruments.start()  # first: the control API hands out the dashboard's URL
         await self._start_control()
@@ -582,6 +605,7 @@ class Coordinator:
             raise
         finally:
             reaper.cancel()
+        await self.writer.drain()  # every round's rows are written before the run's end
         status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
         self._record_end(status, error)
         self.instruments.close(status.value)
@@ -633,6 +657,7 @@ class Coordinator:
             config.storage.keep_checkpoints,
             clock=self.clock,
             epsilon_after=self.ledger.epsilon_after if self.ledger else None,
+            writer=self.writer,
         )
         guard = (
             [BudgetGuard(self.ledger, config.planned_rounds, self._stop_for_budget)]
@@ -646,8 +671,8 @@ class Coordinator:
             observer=Observers(
                 [
                     recorder,
-                    StagedUpdatesCleaner(self.uploads),
-                    RoundEvents(self.db, self.run_id, self.clock),
+                    StagedUpdatesCleaner(self.uploads, self.writer),
+                    RoundEvents(self.db, self.run_id, self.clock, self.writer),
                     *guard,
                     *self.instruments.observers,
                     *self._observers,
@@ -706,6 +731,7 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     await server.stop(grace)
         self._server = self._control = None
+        self.writer.close()
         self.db.close()
 
 
