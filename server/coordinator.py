@@ -270,11 +270,20 @@ async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_
 class StagedUpdatesCleaner(RoundObserver):
     """Drops a round's staged updates once the round is over (committed or failed)."""
 
-    def __init__(self, uploads: DurableUploads, writer: Writer | None = None) -> None:
+    def __init__(
+        self, uploads: DurableUploads, writer: Writer | None = None, *, by_task: bool = False
+    ) -> None:
+        """``by_task``: FedBuff, whose updates go into whichever version is being built
+        when they arrive: a version clears the staged rows of the tasks it recorded."""
         self._uploads = uploads
         self._writer = writer if writer is not None else InlineWriter()
+        self._by_task = by_task
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
+        if self._by_task:
+            tasks = [task.task_id for task, _ in record.outcomes if task.kind == "fit"]
+            self._writer.submit(lambda: self._uploads.clear_tasks(tasks))
+            return
         number = record.number
         self._writer.submit(lambda: self._uploads.clear_round(number))
 
@@ -282,17 +291,17 @@ class StagedUpdatesCleaner(RoundObserver):
 def stages_uploads(config: RunConfig) -> bool:
     """Whether accepted updates are staged durably: the rounds that can fold them again.
 
-    Synchronous rounds (and DiLoCo) without secure aggregation or partial sync: a masked
-    update is useless without its round's SecAgg+ state, FedBuff does not resume its
-    buffer, and a partial-sync round's groups are not staged separately.
+    Synchronous, DiLoCo (partial sync included: its segments arrive as one update, staged
+    once the trailer is in) and FedBuff rounds. Not secure aggregation: a masked vector is
+    only unmasked by its round's SecAgg+ key agreement, whose secrets lived in the killed
+    coordinator's memory (docs/architecture.md, "Durable rounds and database outages").
     """
-    schedule = config.schedule
-    return (
-        config.storage.stage_uploads
-        and schedule.mode in ("sync", "diloco")
-        and not config.secure_aggregation.enabled
-        and not schedule.partial_sync.enabled
-    )
+    return config.storage.stage_uploads and not config.secure_aggregation.enabled
+
+
+def buffers_updates(config: RunConfig) -> bool:
+    """Whether the run is FedBuff's: staged updates belong to no one round."""
+    return config.schedule.mode == "async"
 
 
 class Coordinator:
@@ -340,9 +349,7 @@ class Coordinator:
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
         )
         durable = listen and stages_uploads(config)
-        self._resumed: list[ResumedUpdate] = (
-            self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
-        )
+        self._resumed: list[ResumedUpdate] = self._staged_before_restart() if durable else []
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).
         self.instruments = RunInstruments(
@@ -442,6 +449,12 @@ class Coordinator:
         self.strategy.load_state(state)
         log.info("resuming run %d after round %d", run_id, last)
         return weights, run_id, last + 1
+
+    def _staged_before_restart(self) -> list[ResumedUpdate]:
+        """The updates accepted before a restart that the first round folds again."""
+        if buffers_updates(self.config):
+            return self.uploads.buffered()
+        return self.uploads.resumed(self.start_round, self.start_round - 1)
 
     def _check_layer_sync(self, weights: WeightsView) -> None:
         """A partial-sync schedule must fit the model before the first round."""
@@ -671,7 +684,9 @@ class Coordinator:
             observer=Observers(
                 [
                     recorder,
-                    StagedUpdatesCleaner(self.uploads, self.writer),
+                    StagedUpdatesCleaner(
+                        self.uploads, self.writer, by_task=buffers_updates(config)
+                    ),
                     RoundEvents(self.db, self.run_id, self.clock, self.writer),
                     *guard,
                     *self.instruments.observers,
@@ -740,6 +755,7 @@ __all__ = [
     "Coordinator",
     "RunResult",
     "StagedUpdatesCleaner",
+    "buffers_updates",
     "build_strategy",
     "check_exposure",
     "is_loopback",
