@@ -48,6 +48,7 @@ from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
 from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
 from geofl.server.rounds.secure import DistributedDpSettings, SecureSettings
+from geofl.server.rounds.writer import InlineWriter, SerialWriter, Writer
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
@@ -306,27 +307,38 @@ async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_
 class StagedUpdatesCleaner(RoundObserver):
     """Drops a round's staged updates once the round is over (committed or failed)."""
 
-    def __init__(self, uploads: DurableUploads) -> None:
+    def __init__(
+        self, uploads: DurableUploads, writer: Writer | None = None, *, by_task: bool = False
+    ) -> None:
+        """``by_task``: FedBuff, whose updates go into whichever version is being built
+        when they arrive: a version clears the staged rows of the tasks it recorded."""
         self._uploads = uploads
+        self._writer = writer if writer is not None else InlineWriter()
+        self._by_task = by_task
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
-        self._uploads.clear_round(record.number)
+        if self._by_task:
+            tasks = [task.task_id for task, _ in record.outcomes if task.kind == "fit"]
+            self._writer.submit(lambda: self._uploads.clear_tasks(tasks))
+            return
+        number = record.number
+        self._writer.submit(lambda: self._uploads.clear_round(number))
 
 
 def stages_uploads(config: RunConfig) -> bool:
     """Whether accepted updates are staged durably: the rounds that can fold them again.
 
-    Synchronous rounds (and DiLoCo) without secure aggregation or partial sync: a masked
-    update is useless without its round's SecAgg+ state, FedBuff does not resume its
-    buffer, and a partial-sync round's groups are not staged separately.
+    Synchronous, DiLoCo (partial sync included: its segments arrive as one update, staged
+    once the trailer is in) and FedBuff rounds. Not secure aggregation: a masked vector is
+    only unmasked by its round's SecAgg+ key agreement, whose secrets lived in the killed
+    coordinator's memory (docs/architecture.md, "Durable rounds and database outages").
     """
-    schedule = config.schedule
-    return (
-        config.storage.stage_uploads
-        and schedule.mode in ("sync", "diloco")
-        and not config.secure_aggregation.enabled
-        and not schedule.partial_sync.enabled
-    )
+    return config.storage.stage_uploads and not config.secure_aggregation.enabled
+
+
+def buffers_updates(config: RunConfig) -> bool:
+    """Whether the run is FedBuff's: staged updates belong to no one round."""
+    return config.schedule.mode == "async"
 
 
 class Coordinator:
@@ -363,7 +375,10 @@ class Coordinator:
             clock=clock,
             selectable=config.schedule.selection.node_config,
         )
-        self.db.on_recovered = lambda waited: self.registry.forgive_silence()
+        #: The rounds' database work: on one worker thread when serving RPCs, so the event
+        #: loop answers them while the database is away (see server/rounds/writer.py).
+        self.writer: Writer = SerialWriter() if listen else InlineWriter()
+        self.db.on_recovered = self._forgive_silence
         self.admin_sessions = self._admin_sessions()  # a bad admins file: before any run
         if config.server.dashboard is not None:  # a dashboard without login: as early
             check_access(config.server.dashboard, self._dashboard_sessions, config.run.name)
@@ -372,9 +387,7 @@ class Coordinator:
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
         )
         durable = listen and stages_uploads(config)
-        self._resumed: list[ResumedUpdate] = (
-            self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
-        )
+        self._resumed: list[ResumedUpdate] = self._staged_before_restart() if durable else []
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).
         self.instruments = RunInstruments(
@@ -404,6 +417,7 @@ class Coordinator:
                 f"({config.server.max_model_bytes})"
             )
         self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.control_port: int | None = None
         self._control: grpc.aio.Server | None = None
         self._server: grpc.aio.Server | None = None
@@ -474,6 +488,12 @@ class Coordinator:
         log.info("resuming run %d after round %d", run_id, last)
         return weights, run_id, last + 1
 
+    def _staged_before_restart(self) -> list[ResumedUpdate]:
+        """The updates accepted before a restart that the first round folds again."""
+        if buffers_updates(self.config):
+            return self.uploads.buffered()
+        return self.uploads.resumed(self.start_round, self.start_round - 1)
+
     def _check_layer_sync(self, weights: WeightsView) -> None:
         """A partial-sync schedule must fit the model before the first round."""
         layer_sync = getattr(self.strategy, "layer_sync", None)
@@ -501,6 +521,21 @@ class Coordinator:
                 self.ledger = PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
         except PrivacyError as exc:
             raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
+
+    def _forgive_silence(self, waited_s: float) -> None:
+        """The database is back: heartbeats missed meanwhile say nothing about the nodes.
+
+        Called on whichever thread waited (the writer's, a staging thread, or the loop
+        at start-up); the registry belongs to the event loop, so it is done there.
+        """
+        loop = self._loop
+        on_loop = False
+        with contextlib.suppress(RuntimeError):
+            on_loop = asyncio.get_running_loop() is loop
+        if loop is None or on_loop or loop.is_closed():
+            self.registry.forgive_silence()
+        else:
+            loop.call_soon_threadsafe(self.registry.forgive_silence)
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         now = self.clock.now()
@@ -544,6 +579,7 @@ class Coordinator:
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
+        self._loop = asyncio.get_running_loop()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
         self.instruments.start()  # first: the control API hands out the dashboard's URL
         await self._start_control()
@@ -627,6 +663,7 @@ class Coordinator:
             raise
         finally:
             reaper.cancel()
+        await self.writer.drain()  # every round's rows are written before the run's end
         status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
         self._record_end(status, error)
         self.instruments.close(status.value)
@@ -678,6 +715,7 @@ class Coordinator:
             config.storage.keep_checkpoints,
             clock=self.clock,
             epsilon_after=self.ledger.epsilon_after if self.ledger else None,
+            writer=self.writer,
         )
         guard = (
             [BudgetGuard(self.ledger, config.planned_rounds, self._stop_for_budget)]
@@ -691,8 +729,10 @@ class Coordinator:
             observer=Observers(
                 [
                     recorder,
-                    StagedUpdatesCleaner(self.uploads),
-                    RoundEvents(self.db, self.run_id, self.clock),
+                    StagedUpdatesCleaner(
+                        self.uploads, self.writer, by_task=buffers_updates(config)
+                    ),
+                    RoundEvents(self.db, self.run_id, self.clock, self.writer),
                     *guard,
                     *self.instruments.observers,
                     *self._observers,
@@ -751,6 +791,7 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     await server.stop(grace)
         self._server = self._control = None
+        self.writer.close()
         self.db.close()
 
 
@@ -759,6 +800,7 @@ __all__ = [
     "Coordinator",
     "RunResult",
     "StagedUpdatesCleaner",
+    "buffers_updates",
     "build_strategy",
     "check_exposure",
     "distributed_plan",

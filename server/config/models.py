@@ -198,8 +198,9 @@ class StorageConfig(Section):
         default=True,
         description="Write every accepted fit update to <checkpoints>/staged and the "
         "database before acknowledging it, so a restarted coordinator finishes the "
-        "interrupted round without those clients training again (synchronous rounds "
-        "without secure aggregation or partial sync).",
+        "interrupted round without those clients training again: synchronous, DiLoCo "
+        "(partial sync too) and FedBuff rounds; not secure aggregation, whose round "
+        "restarts from its key stage (docs/architecture.md).",
     )
     retry_s: float = Field(
         default=120.0,

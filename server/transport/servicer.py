@@ -169,6 +169,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def __init__(self, state: ServerState) -> None:
         self._s = state
+        #: Joins write their node's row one at a time (as they did on the event loop), so
+        #: two joins of one name never race to insert it.
+        self._joining = asyncio.Lock()
 
     def _recorder(
         self, context: grpc.aio.ServicerContext[object, object], rpc: str, who: str = ""
@@ -227,12 +230,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     context.auth_context(),
                     (self._s.run_id, self._s.run_name, context.peer()),
                 )
-                return self._join(request, identity, context.peer())
+                return await self._join(request, identity, context.peer())
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise  # unreachable: abort raises
 
-    def _join(
+    async def _join(
         self, request: pb.JoinRequest, identity: NodeIdentity | None = None, peer: str = ""
     ) -> pb.JoinReply:
         common = set(request.protocol_versions) & set(SUPPORTED_PROTOCOL_VERSIONS)
@@ -255,7 +258,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 f"not serve; its regions are {sorted(self._s.regions)} (server.regions)",
                 code=ErrorCode.UNKNOWN_REGION,
             )
-        node_id = self._s.join_node(name, region, config)
+        # The node's row is written off the event loop: a database outage must not stop
+        # the loop answering every other node meanwhile.
+        async with self._joining:
+            node_id = await asyncio.to_thread(self._s.join_node, name, region, config)
         bound = peer if identity is not None else None
         token = self._s.registry.add(node_id, name, region, config, identity=identity, peer=bound)
         how = f", {identity.credential}" if identity is not None else ""
