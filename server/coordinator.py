@@ -50,6 +50,7 @@ from geofl.server.rounds.secure import SecureSettings
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
+from geofl.server.scheduling.streaming import FragmentSchedule, StreamingError
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.strategies.robust import RobustStrategy
@@ -85,6 +86,20 @@ class RunResult:
     error: str | None = None
 
 
+def fragment_schedule(config: RunConfig) -> FragmentSchedule | None:
+    """Streaming DiLoCo's fragments when ``schedule.streaming`` is on."""
+    streaming = config.schedule.streaming
+    if not streaming.enabled:
+        return None
+    return FragmentSchedule(
+        streaming.count,
+        config.local_steps // streaming.count,
+        streaming.overlap_steps,
+        streaming.mixing_alpha,
+        streaming.groups,
+    )
+
+
 def build_strategy(config: RunConfig) -> Strategy:
     """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
     if config.schedule.mode == "diloco":
@@ -100,7 +115,10 @@ def build_strategy(config: RunConfig) -> Strategy:
             else None
         )
         return DiLoCo(
-            outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum, layer_sync=layer_sync
+            outer_lr=diloco.outer_lr,
+            outer_momentum=diloco.outer_momentum,
+            layer_sync=layer_sync,
+            streaming=fragment_schedule(config),
         )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
@@ -281,7 +299,8 @@ def stages_uploads(config: RunConfig) -> bool:
 
     Synchronous rounds (and DiLoCo) without secure aggregation or partial sync: a masked
     update is useless without its round's SecAgg+ state, FedBuff does not resume its
-    buffer, and a partial-sync round's groups are not staged separately.
+    buffer, and a partial-sync round's groups (a streaming round's fragment) are not
+    staged separately.
     """
     schedule = config.schedule
     return (
@@ -289,6 +308,7 @@ def stages_uploads(config: RunConfig) -> bool:
         and schedule.mode in ("sync", "diloco")
         and not config.secure_aggregation.enabled
         and not schedule.partial_sync.enabled
+        and not schedule.streaming.enabled
     )
 
 
@@ -437,7 +457,15 @@ class Coordinator:
         return weights, run_id, last + 1
 
     def _check_layer_sync(self, weights: WeightsView) -> None:
-        """A partial-sync schedule must fit the model before the first round."""
+        """A partial-sync or streaming schedule must fit the model before the first round."""
+        fragments = getattr(self.strategy, "streaming", None)
+        if isinstance(fragments, FragmentSchedule):
+            try:
+                fragments.groups(spec_of(weights))
+            except StreamingError as exc:
+                raise ConfigError.single(
+                    self.config.run.name, str(exc), path="schedule.streaming"
+                ) from exc
         layer_sync = getattr(self.strategy, "layer_sync", None)
         if not isinstance(layer_sync, LayerSyncPlanner):
             return
