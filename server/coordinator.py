@@ -403,6 +403,7 @@ class Coordinator:
                 tracks=config.compression.down_chains(),
                 min_bytes=config.compression.min_bytes,
                 seed=config.run.seed,
+                changed_only=config.schedule.streaming.enabled,
             ),
             compression=config.compression,
             upload_budget=upload_budget,

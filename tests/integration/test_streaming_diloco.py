@@ -119,6 +119,9 @@ def test_streaming_rounds_over_grpc_sync_one_fragment_each(tmp_path: Path, serve
     assert {p.num_examples for p in fits} == {20}
     whole_model = sum(FRAGMENT_BYTES.values())
     assert all(p.bytes_up_raw is not None and p.bytes_up_raw < whole_model + 1024 for p in fits)
+    # Round 2's clients hold version 0, and only round 1's fragment [w] changed since.
+    first, second = ({p.bytes_down for p in fits if p.round_number == number} for number in (1, 2))
+    assert max(second) < min(first)
 
 
 # ---------------------------------------------------------------- virtual clock
@@ -138,6 +141,8 @@ def test_fragment_uploads_hide_behind_the_overlap_steps_on_the_virtual_clock(
     assert len(fits) == 6 and all(p.status == "ok" for p, _ in fits)
     for participation, number in fits:
         assert participation.bytes_up_raw == FRAGMENT_BYTES[number]
+    down = {number: participation.bytes_down for participation, number in fits}
+    assert down[2] < down[1]  # round 2 downloads only the tensors round 1 changed
 
     sequential = _virtual(tmp_path / "tau0", _schedule(overlap_steps=0))
     run_tau0 = run_virtual_simulation(sequential)

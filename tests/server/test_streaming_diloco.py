@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -10,10 +11,13 @@ import pytest
 from geofl.client.app import Client
 from geofl.client.partial_sync import GroupUpdate
 from geofl.client.streaming import StreamingState, fit_streaming
+from geofl.protocols import serde, streams
+from geofl.protocols.codecs import Chain, parse_chain
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Config, Metrics, Weights, WeightsView
 from geofl.server.config import ConfigError, parse_config
 from geofl.server.coordinator import build_strategy
+from geofl.server.models.store import ModelStore
 from geofl.server.nodes.fragments import pad_to_model
 from geofl.server.rounds.records import round_config
 from geofl.server.scheduling.streaming import FragmentSchedule
@@ -174,3 +178,44 @@ def test_the_fragments_sending_overlaps_the_overlap_steps_training() -> None:
     after = upload_timeline(link, [(40, 100)])
     assert after.hidden_s == 0
     assert after.exposed_upload_s == pytest.approx(0.15)
+
+
+# ---------------------------------------------------------------- downloads
+
+
+def _two_versions(store: ModelStore) -> tuple[Weights, Weights]:
+    first = {"a": np.zeros(1000, np.float32), "b": np.ones(1000, np.float32)}
+    second = {"a": np.full(1000, 0.5, np.float32), "b": first["b"].copy()}  # only a changed
+    store.put(0, first)
+    store.put(1, second)
+    return first, second
+
+
+@pytest.mark.parametrize("chain", [(), parse_chain([{"qsgd": {"bits": 4}}])])
+def test_a_client_holding_the_last_version_downloads_only_what_changed(chain: Chain) -> None:
+    store = ModelStore(tracks=(chain,), changed_only=True)
+    _, second = _two_versions(store)
+    held = store.view(0, chain)
+    assert held is not None
+    update = asyncio.run(store.broadcast(1, chain, base=0))
+    whole = asyncio.run(store.broadcast(1, chain, base=None))
+    assert update is not None and whole is not None
+    assert update.wire_bytes < 0.6 * whole.wire_bytes  # tensor b was not sent again
+    sink = streams.ArraySink(held)
+    assembler = streams.Assembler(sink, max_total_bytes=10**6)
+    for raw in update.chunks:
+        assembler.feed(*serde.decode_chunk_view(raw))
+    assembler.finish()
+    assert set(sink.weights) == {"a"}
+    view = store.view(1, chain)
+    assert view is not None
+    np.testing.assert_array_equal(view["b"], held["b"])  # the client keeps its b
+    np.testing.assert_allclose(sink.weights["a"], view["a"])
+    np.testing.assert_allclose(view["a"], second["a"], atol=0.1)
+
+
+def test_without_changed_only_the_uncompressed_download_is_the_whole_model() -> None:
+    store = ModelStore()
+    _two_versions(store)
+    update = asyncio.run(store.broadcast(1, (), base=0))
+    assert update is not None and not update.difference
