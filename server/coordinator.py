@@ -52,6 +52,7 @@ from geofl.server.rounds.writer import InlineWriter, SerialWriter, Writer
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
+from geofl.server.scheduling.streaming import FragmentSchedule, StreamingError
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.strategies.robust import RobustStrategy
@@ -87,6 +88,20 @@ class RunResult:
     error: str | None = None
 
 
+def fragment_schedule(config: RunConfig) -> FragmentSchedule | None:
+    """Streaming DiLoCo's fragments when ``schedule.streaming`` is on."""
+    streaming = config.schedule.streaming
+    if not streaming.enabled:
+        return None
+    return FragmentSchedule(
+        streaming.count,
+        config.local_steps // streaming.count,
+        streaming.overlap_steps,
+        streaming.mixing_alpha,
+        streaming.groups,
+    )
+
+
 def build_strategy(config: RunConfig) -> Strategy:
     """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
     if config.schedule.mode == "diloco":
@@ -102,7 +117,10 @@ def build_strategy(config: RunConfig) -> Strategy:
             else None
         )
         return DiLoCo(
-            outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum, layer_sync=layer_sync
+            outer_lr=diloco.outer_lr,
+            outer_momentum=diloco.outer_momentum,
+            layer_sync=layer_sync,
+            streaming=fragment_schedule(config),
         )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
@@ -332,8 +350,14 @@ def stages_uploads(config: RunConfig) -> bool:
     once the trailer is in) and FedBuff rounds. Not secure aggregation: a masked vector is
     only unmasked by its round's SecAgg+ key agreement, whose secrets lived in the killed
     coordinator's memory (docs/architecture.md, "Durable rounds and database outages").
+    Not streaming DiLoCo: a round's upload is one fragment of the model, which the staged
+    update's full-model record does not describe.
     """
-    return config.storage.stage_uploads and not config.secure_aggregation.enabled
+    return (
+        config.storage.stage_uploads
+        and not config.secure_aggregation.enabled
+        and not config.schedule.streaming.enabled
+    )
 
 
 def buffers_updates(config: RunConfig) -> bool:
@@ -435,6 +459,7 @@ class Coordinator:
                 tracks=config.compression.down_chains(),
                 min_bytes=config.compression.min_bytes,
                 seed=config.run.seed,
+                changed_only=config.schedule.streaming.enabled,
             ),
             compression=config.compression,
             upload_budget=upload_budget,
@@ -495,7 +520,15 @@ class Coordinator:
         return self.uploads.resumed(self.start_round, self.start_round - 1)
 
     def _check_layer_sync(self, weights: WeightsView) -> None:
-        """A partial-sync schedule must fit the model before the first round."""
+        """A partial-sync or streaming schedule must fit the model before the first round."""
+        fragments = getattr(self.strategy, "streaming", None)
+        if isinstance(fragments, FragmentSchedule):
+            try:
+                fragments.groups(spec_of(weights))
+            except StreamingError as exc:
+                raise ConfigError.single(
+                    self.config.run.name, str(exc), path="schedule.streaming"
+                ) from exc
         layer_sync = getattr(self.strategy, "layer_sync", None)
         if not isinstance(layer_sync, LayerSyncPlanner):
             return

@@ -37,6 +37,7 @@ from geofl.server.config.schedule import (
     DilocoConfig,
     PartialSyncConfig,
     SelectionConfig,
+    StreamingConfig,
 )
 from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.simulation import (
@@ -136,6 +137,11 @@ class ScheduleConfig(Section):
         default_factory=PartialSyncConfig,
         description="mode: diloco — layer-wise partial synchronization with uploads "
         "overlapped with the remaining local steps.",
+    )
+    streaming: StreamingConfig = Field(
+        default_factory=StreamingConfig,
+        description="mode: diloco — Streaming DiLoCo: fragments of the model synchronized "
+        "in turn, each upload overlapped with the next inner steps (docs/streaming-diloco.md).",
     )
     deadline_s: float = Field(
         default=600.0,
@@ -667,6 +673,14 @@ class RunConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _streaming_composes(self) -> RunConfig:
+        """Streaming DiLoCo splits H into P rounds of H / P steps, one fragment each."""
+        problem = streaming_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _empty_sections_are_defaults(cls, data: Any) -> Any:
@@ -789,3 +803,44 @@ def _uniform_sampling_problem(config: RunConfig, population: int) -> str | None:
         f"of clients_per_round out of privacy.population, but {'; '.join(reasons)}: fix "
         "that, or set privacy.sampling: none"
     )
+
+
+def streaming_problem(config: RunConfig) -> str | None:
+    """Why ``schedule.streaming`` cannot run with the rest of ``config``, or None."""
+    streaming = config.schedule.streaming
+    if not streaming.enabled:
+        return None
+    if config.schedule.mode != "diloco":
+        return (
+            "schedule.streaming needs schedule.mode diloco: it is DiLoCo's outer step taken "
+            f"one fragment at a time (mode is {config.schedule.mode!r})"
+        )
+    if config.schedule.partial_sync.enabled:
+        return (
+            "schedule.streaming cannot be combined with schedule.partial_sync: both decide "
+            "which tensors a round sends and when; use one"
+        )
+    steps, fragments = config.local_steps, streaming.count
+    if steps % fragments:
+        return (
+            f"schedule.streaming.fragments {fragments} must divide the local steps H = "
+            f"{steps} (schedule.diloco.local_steps, or round_config's local_steps): each "
+            "round trains H / P steps"
+        )
+    if streaming.overlap_steps >= steps // fragments:
+        return (
+            f"schedule.streaming.overlap_steps {streaming.overlap_steps} must be less than "
+            f"the {steps // fragments} inner steps of a round (H / P = {steps} / {fragments}): "
+            "a fragment is sent tau steps before the round's steps end"
+        )
+    if config.secure_aggregation.enabled:
+        return (
+            "schedule.streaming cannot be combined with secure_aggregation: a masked update "
+            "is one vector of the whole model, a streaming upload one fragment"
+        )
+    if config.simulation.relays:
+        return (
+            "schedule.streaming cannot be combined with simulation.relays: relays forward "
+            "whole-model regional updates"
+        )
+    return None

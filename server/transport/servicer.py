@@ -15,7 +15,7 @@ from typing import cast
 
 import grpc
 
-from geofl.protocols import partial_sync, serde, streams
+from geofl.protocols import partial_sync, serde, streaming, streams
 from geofl.protocols.errors import (
     ErrorCode,
     ForbiddenError,
@@ -48,6 +48,7 @@ from geofl.server.nodes.bounds import (
     error_text,
     poll_timeout,
 )
+from geofl.server.nodes.fragments import pad_to_model
 from geofl.server.nodes.identity import ChallengeBook, JoinCheck, NodeIdentity
 from geofl.server.nodes.outcomes import (
     DeltaUpdate,
@@ -520,11 +521,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def _receive_overlapped(
         self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
     ) -> Outcome:
-        """A partial-sync upload: layer groups streamed during training, then a trailer."""
-        groups = partial_sync.groups_of(task.config, [t.name for t in self._s.spec])
-        if task.kind != "fit" or groups is None or task.secagg is not None:
-            raise ProtocolError("trailer_follows is only for fit tasks of a partial-sync round")
-        order = partial_sync.upload_order(self._s.spec, groups)
+        """An overlapped upload, streamed during training, then a trailer: a partial-sync
+        round's layer groups, or a streaming round's fragment."""
+        overlapped = partial_sync.CONFIG_KEY in task.config or streaming.is_streaming(task.config)
+        if task.kind != "fit" or not overlapped or task.secagg is not None:
+            raise ProtocolError(
+                "trailer_follows is only for fit tasks of a partial-sync or streaming round"
+            )
+        order = streaming.expected_upload(self._s.spec, task.config)
         sink, assembler = self._delta_receiver(header, order)
         try:
             received, trailer = await _drain_until_trailer(assembler, messages)
@@ -536,7 +540,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             sink.discard()
             return outcome
         update = sink.update()
-        outcome.payload = DeltaUpdate(update, update.close)
+        outcome.payload = DeltaUpdate(pad_to_model(update, self._s.spec), update.close)
         outcome.bytes_up = received
         outcome.bytes_up_raw = received - assembler.payload_bytes + assembler.total_bytes
         return outcome
