@@ -582,15 +582,17 @@ class Coordinator:
 
     def _record_refusal(self, kind: str, details: dict[str, Scalar]) -> None:
         """Write a refused identity, forbidden request or replay to the run's events."""
-        with self.db.session() as session:
-            queries.add_event(
+        now = self.clock.now()
+        self.db.transact(
+            lambda session: queries.add_event(
                 session,
                 f"security.{kind}",
                 str(details.get("reason", kind)),
                 run_id=self.run_id,
                 data=dict(details),
-                now=self.clock.now(),
+                now=now,
             )
+        )
 
     def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
         """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
@@ -718,8 +720,9 @@ class Coordinator:
         self.request_stop(reason)
 
     def _committed_rounds(self) -> int:
-        with self.db.session() as session:
-            return queries.get_run(session, self.run_id).last_committed_round
+        return self.db.transact(
+            lambda session: queries.get_run(session, self.run_id).last_committed_round
+        )
 
     def _record_end(self, status: RunStatus, error: str | None) -> None:
         """The run's final (or interrupted) status and a ``run.<status>`` event."""
