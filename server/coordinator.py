@@ -680,6 +680,8 @@ class Coordinator:
             await self.start()
         self.instruments.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
+        if self.ledger is not None:  # the accountant's work, off the event loop
+            await asyncio.to_thread(self.ledger.plan, self.config.planned_rounds)
         engine = make_engine(
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
         )
