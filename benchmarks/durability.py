@@ -40,7 +40,7 @@ from geofl.server.nodes.registry import TaskRecord
 from geofl.storage import open_database, queries
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
-from processes import free_port, start_geofl, write_config
+from processes import free_port, start_client, start_geofl, write_config
 
 __all__ = ["PHASES", "kill_at", "main", "phase_reached", "stage_cost"]
 
@@ -73,20 +73,8 @@ def phase_reached(phase: str, state: tuple[str | None, int, int]) -> bool:
 
 def _client(work: Path, port: int, index: int, slow_s: float) -> subprocess.Popen[str]:
     behaviour = "ok" if index < 2 else "slow"
-    return start_geofl(
-        work,
-        "client",
-        "--server",
-        f"127.0.0.1:{port}",
-        "--app",
-        "geofl_testapp:client_app",
-        "--name",
-        f"site-{index}",
-        "--reconnect-for",
-        "120",
-        "--node-config",
-        f"partition-id={index} behaviour={behaviour} delay_s={slow_s} count-dir={work}",
-    )
+    node_config = f"behaviour={behaviour} delay_s={slow_s} count-dir={work}"
+    return start_client(work, port, index, node_config, reconnect_for_s=120)
 
 
 def _trained_round_1(work: Path, index: int) -> int:

@@ -241,7 +241,8 @@ class Connection:
         """Stream the task's model version; returns the weights and the bytes received.
 
         With ``base`` (a version the client holds and its weights) the server may send
-        only the compressed difference, which is added to the base here.
+        only the compressed difference, which is added to the base here, and in a
+        Streaming DiLoCo run only the tensors that changed: the others are the base's.
         """
         sink = streams.ArraySink(base[1] if base is not None else None)
         limit = 2 * max(task.model_bytes, 1) + (64 << 10)
@@ -257,7 +258,11 @@ class Connection:
         except grpc.RpcError as exc:
             raise translate(exc) from exc
         assembler.finish()
-        return sink.weights, received
+        if base is None or len(sink.weights) == len(base[1]):
+            return sink.weights, received
+        weights = dict(base[1])  # in model order; what arrived replaces the kept copy
+        weights.update(sink.weights)
+        return weights, received
 
     def submit(
         self,

@@ -26,7 +26,14 @@ from geofl.protocols import partial_sync
 from geofl.protocols.tensors import check_matches, spec_of
 from geofl.protocols.types import Config, Metrics, Scalar, Weights
 
-__all__ = ["GroupSender", "GroupUpdate", "LocalProgress", "SegmentedFit", "fit_in_segments"]
+__all__ = [
+    "GroupSender",
+    "GroupUpdate",
+    "LocalProgress",
+    "SegmentedFit",
+    "combined_metrics",
+    "fit_in_segments",
+]
 
 Array = npt.NDArray[np.generic]
 #: One layer group's update tensors.
@@ -103,7 +110,7 @@ def fit_in_segments(
         for name in sent_at:
             progress.residual.pop(name, None)
         _keep_unsent(progress, params, sent_at)
-    return SegmentedFit(sum(n for n, _, _ in segments), _combined_metrics(segments), segments)
+    return SegmentedFit(sum(n for n, _, _ in segments), combined_metrics(segments), segments)
 
 
 def _local_steps(config: Mapping[str, Scalar]) -> int:
@@ -137,7 +144,7 @@ def _keep_unsent(progress: LocalProgress, final: Weights, sent_at: Mapping[str, 
             progress.residual[name] = later
 
 
-def _combined_metrics(segments: list[tuple[int, Metrics, Config]]) -> Metrics:
+def combined_metrics(segments: list[tuple[int, Metrics, Config]]) -> Metrics:
     """The last segment's metrics, with losses averaged over all segments by examples."""
     metrics: Metrics = dict(segments[-1][1])
     total = sum(n for n, _, _ in segments)

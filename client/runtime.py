@@ -31,8 +31,9 @@ from geofl.client.connection import (
 )
 from geofl.client.partial_sync import GroupUpdate, LocalProgress, fit_in_segments
 from geofl.client.secure_rounds import SecureRounds
+from geofl.client.streaming import StreamingState, fit_streaming
 from geofl.client.work import evaluate_model, fit_update, reported_loss
-from geofl.protocols import partial_sync
+from geofl.protocols import partial_sync, streaming
 from geofl.protocols.errors import GeoflError, SessionError, WireError
 from geofl.protocols.serde import (
     DEFAULT_CHUNK_BYTES,
@@ -40,10 +41,13 @@ from geofl.protocols.serde import (
     plan_from_proto,
     scalar_map,
 )
+from geofl.protocols.tensor_checks import payload_limit
 from geofl.protocols.tensors import (
     MASKED_TENSOR,
     Difference,
     Tensorish,
+    model_bytes,
+    spec_of,
 )
 from geofl.protocols.tuning import tune_allocator
 from geofl.protocols.types import Scalar, Weights
@@ -147,6 +151,7 @@ class ClientRuntime:
             state_file = options.state_dir / f"{state_name}.compression.safetensors"
         self._compressor = UploadCompressor(state_file)
         self._progress = LocalProgress()
+        self._streaming = StreamingState()
         self._secure = SecureRounds()
         self._stop = threading.Event()
         self._rejoin = threading.Event()
@@ -256,7 +261,8 @@ class ClientRuntime:
         return max(1.0, task.deadline_unix_s - time.time() + 5.0)
 
     def _handle(self, task: pb.Task) -> None:
-        if task.kind == pb.TASK_KIND_FIT and partial_sync.CONFIG_KEY in task.config:
+        overlapped = partial_sync.CONFIG_KEY in task.config or streaming.FRAGMENT_KEY in task.config
+        if task.kind == pb.TASK_KIND_FIT and overlapped:
             self._handle_overlapped(task)
             return
         header = pb.UploadHeader(task_id=task.task_id, round=task.round, attempt=1)
@@ -284,7 +290,8 @@ class ClientRuntime:
         self.tasks_done += 1
 
     def _handle_overlapped(self, task: pb.Task) -> None:
-        """A partial-sync fit: each layer group is uploaded while the next segments train."""
+        """A partial-sync or streaming fit: what is final is uploaded while training goes on
+        (a partial-sync round's layer groups, a streaming round's fragment)."""
         started = time.perf_counter()
         try:
             global_weights = self._model(task)
@@ -298,7 +305,7 @@ class ClientRuntime:
             round=task.round,
             attempt=1,
             update_kind=pb.UPDATE_KIND_DELTA,
-            payload_bytes=sum(int(v.nbytes) for v in global_weights.values()),
+            payload_bytes=_announced_bytes(task, global_weights),
         )
         upload = BackgroundUpload(
             lambda messages: self._conn.submit_messages(messages, timeout),
@@ -327,15 +334,25 @@ class ClientRuntime:
         if self._client is None:
             raise RuntimeError("no client app")
         config = scalar_map(task.config)
-        keep = partial_sync.keeps_local(config)
+
+        def send(index: int, update: GroupUpdate) -> None:
+            upload.send(self._encode_group(task, update))
+
         with self._slot:
-            fit = fit_in_segments(
-                self._client,
-                global_weights,
-                config,
-                lambda index, update: upload.send(self._encode_group(task, update)),
-                self._progress.for_run(task.run_id) if keep else None,
-            )
+            if streaming.is_streaming(config):
+                fit = fit_streaming(
+                    self._client,
+                    global_weights,
+                    config,
+                    send,
+                    self._streaming,
+                    run_id=task.run_id,
+                    server_round=task.round,
+                )
+            else:
+                keep = partial_sync.keeps_local(config)
+                progress = self._progress.for_run(task.run_id) if keep else None
+                fit = fit_in_segments(self._client, global_weights, config, send, progress)
         trailer.num_examples = fit.num_examples
         _fill_metrics(trailer, fit.metrics)
 
@@ -448,6 +465,16 @@ class ClientRuntime:
         header.num_examples = result.num_examples
         header.loss = result.loss
         _fill_metrics(header, result.metrics)
+
+
+def _announced_bytes(task: pb.Task, global_weights: Weights) -> int:
+    """The most an overlapped upload can take: the whole model raw, or for a streaming
+    round the bound the server allows its fragment (codec headers can exceed raw)."""
+    config = scalar_map(task.config)
+    if not streaming.is_streaming(config):
+        return sum(int(v.nbytes) for v in global_weights.values())
+    order = streaming.expected_upload(spec_of(global_weights), config)
+    return payload_limit(model_bytes(order))
 
 
 def _fill_metrics(header: pb.UploadHeader, metrics: dict[str, Scalar]) -> None:

@@ -37,6 +37,7 @@ from geofl.protocols.secagg import (
     agreement_info,
     apply_pairwise_masks,
     apply_self_mask,
+    check_ring_vector,
     generate_private_key,
     mask_buffer,
     open_sealed,
@@ -162,11 +163,19 @@ class SecAggClient:
 
         ``overwrite``: the caller gives ``vector`` up, so quantization works in place.
         """
-        self._enter("mask")
+        if self._next_step >= len(_STEPS) or _STEPS[self._next_step] != "mask":
+            self._enter("mask")  # raises: out of order, before any work
         if not isinstance(vector, np.ndarray) or vector.ndim != 1:
             raise SecAggError(f"node {self.node_id}: mask() needs a 1-D NumPy float vector")
-        masked = self.params.quantizer().encode(vector, self._rng, overwrite=overwrite)
+        encoded = self.params.quantizer().encode(vector, self._rng, overwrite=overwrite)
+        return self.mask_encoded(encoded)
+
+    def mask_encoded(self, encoded: RingArray) -> RingArray:
+        """``encoded`` (already in the ring: distributed DP's noised vector) with the self
+        mask and pairwise masks added, in place."""
+        self._enter("mask")
         bits = self.params.ring_bits
+        masked = check_ring_vector(encoded, bits, f"node {self.node_id}'s encoded vector")
         scratch = mask_buffer(masked.size, bits)  # every mask is expanded into this
         apply_self_mask(masked, self._seed, bits, buffer=scratch)
         apply_pairwise_masks(masked, self.node_id, self._pair_keys(), bits, buffer=scratch)

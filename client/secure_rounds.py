@@ -15,12 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from geofl.client.secagg import SecAggClient
+from geofl.protocols.ddp import DistributedDpParams, secure_generator
 from geofl.protocols.secagg import PublicKeys, SecAggError, SecAggParams
 from geofl.protocols.shared_lowrank import SharedLowRank, projection_of
 from geofl.protocols.tensors import Difference, TensorSpec
 from geofl.protocols.v1 import geofl_pb2 as pb
 
-__all__ = ["SecureRounds"]
+__all__ = ["SecureRounds", "ddp_of"]
 
 
 def params_of(task: pb.Task) -> SecAggParams:
@@ -35,6 +36,23 @@ def params_of(task: pb.Task) -> SecAggParams:
         graph_seed=bytes(setup.graph_seed),
         clip=setup.clip,
         ring_bits=setup.ring_bits,
+    )
+
+
+def ddp_of(setup: pb.SecAggSetup) -> DistributedDpParams | None:
+    """The round's distributed-DP parameters, if the server asked for distributed DP."""
+    if not setup.HasField("ddp"):
+        return None
+    ddp = setup.ddp
+    return DistributedDpParams(
+        clip_norm=ddp.clip_norm,
+        granularity=ddp.granularity,
+        noise_stddev=ddp.noise_stddev,
+        rounding_bound=ddp.rounding_bound,
+        dimension=ddp.dimension,
+        rotation_seed=bytes(ddp.rotation_seed),
+        ring_bits=setup.ring_bits,
+        min_survivors=ddp.min_survivors,
     )
 
 
@@ -108,6 +126,10 @@ class SecureRounds:
         client = self._current(task)
         client.receive_shares({int(n): bytes(c) for n, c in task.secagg.inbox.items()})
         setup = task.secagg.setup
+        ddp = ddp_of(setup)
+        if ddp is not None:  # every client counts once: num_examples would scale sensitivity
+            noised = ddp.encode(flatten(delta), secure_generator())
+            return client.mask_encoded(noised)
         weight = min(num_examples, setup.max_examples) / setup.max_examples
         projection = projection_of(setup)
         if projection is None:
@@ -134,7 +156,18 @@ class SecureRounds:
         return vector
 
     def unmask(self, task: pb.Task) -> pb.SecAggResult:
-        """Reveal what the server needs to remove the survivors' and the dropped' masks."""
+        """Reveal what the server needs to remove the survivors' and the dropped' masks.
+
+        Under distributed DP a client refuses to unmask a sum of fewer survivors than the
+        noise was planned for: it would carry less noise than accounted.
+        """
+        ddp = ddp_of(task.secagg.setup)
+        if ddp is not None and len(task.secagg.survivors) < ddp.min_survivors:
+            self._client = self._round = None
+            raise SecAggError(
+                f"refusing to unmask round {task.round}: {len(task.secagg.survivors)} "
+                f"survivors, fewer than the {ddp.min_survivors} distributed DP's noise needs"
+            )
         revealed = self._current(task).reveal(
             [int(n) for n in task.secagg.survivors], [int(n) for n in task.secagg.dropped]
         )

@@ -27,6 +27,7 @@ beside the geofl one, so ``except X`` still catches it)::
     │   └── RunFinishedError                            geofl.protocols.errors
     ├── SecAggError                                     geofl.protocols.secagg.errors
     │   └── SecAggAbortError                            geofl.protocols.secagg.errors
+    ├── DistributedDpError (also ValueError)            geofl.protocols.ddp.errors
     ├── StorageError                                    geofl.storage.errors
     │   ├── DatabaseURLError (also ValueError)          geofl.storage.errors
     │   ├── StorageUnavailableError                     geofl.storage.errors
@@ -49,6 +50,7 @@ beside the geofl one, so ``except X`` still catches it)::
     ├── RoundFailedError                                geofl.server.rounds.records
     ├── NoClientsError                                  geofl.server.rounds.records
     ├── PartialSyncError (also ValueError)              geofl.server.scheduling.partial_sync
+    ├── StreamingError (also ValueError)                geofl.server.scheduling.streaming
     ├── BackendError                                    geofl.server.simulation.backends
     ├── ShaperConfigError (also ValueError)             geofl.server.simulation.shaper
     ├── ShaperStartError (also RuntimeError)            geofl.server.simulation.shaper

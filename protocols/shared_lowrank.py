@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from geofl.protocols.ddp.rotation import padded_size
 from geofl.protocols.tensors import ModelSpec, masked_length
 from geofl.protocols.v1 import geofl_pb2 as pb
 
@@ -117,6 +118,9 @@ def projection_of(setup: pb.SecAggSetup) -> SharedLowRank | None:
 
 
 def vector_length(spec: ModelSpec, setup: pb.SecAggSetup) -> int:
-    """Elements of a masked upload: the (projected) update, then the client's weight."""
+    """Elements of a masked upload: the (projected) update, then the client's weight; under
+    distributed DP the rotated (padded) update alone."""
+    if setup.HasField("ddp"):
+        return padded_size(int(setup.ddp.dimension))
     projection = projection_of(setup)
     return (projection.length(spec) if projection else masked_length(spec) - 1) + 1

@@ -27,6 +27,7 @@ from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.server.config import RunConfig, ServerConfig
 from geofl.server.config.errors import ConfigError
 from geofl.server.config.fields import is_loopback
+from geofl.server.config.privacy import budget_problem
 from geofl.server.control.admins import AdminKeys, AdminSessions
 from geofl.server.control.service import ControlParts, ControlServicer, start_control_server
 from geofl.server.dashboard import check_access
@@ -39,17 +40,19 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
-from geofl.server.privacy import PrivacyError, check_float_model
+from geofl.server.privacy import DistributedMechanism, PrivacyError, check_float_model
 from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
 from geofl.server.rounds.observers import Observers, RoundObserver
 from geofl.server.rounds.parts import EngineParts
 from geofl.server.rounds.recorder import DatabaseRecorder
 from geofl.server.rounds.records import EngineSettings, NoClientsError, RoundRecord
-from geofl.server.rounds.secure import SecureSettings
+from geofl.server.rounds.secure import DistributedDpSettings, SecureSettings
+from geofl.server.rounds.writer import InlineWriter, SerialWriter, Writer
 from geofl.server.scheduling import LinkEstimator
 from geofl.server.scheduling.partial_sync import LayerSyncPlanner, PartialSyncError
 from geofl.server.scheduling.scheduler import Scheduler, SchedulerSettings
+from geofl.server.scheduling.streaming import FragmentSchedule, StreamingError
 from geofl.server.strategies import Strategy, make_strategy
 from geofl.server.strategies.diloco import DiLoCo
 from geofl.server.strategies.robust import RobustStrategy
@@ -85,6 +88,20 @@ class RunResult:
     error: str | None = None
 
 
+def fragment_schedule(config: RunConfig) -> FragmentSchedule | None:
+    """Streaming DiLoCo's fragments when ``schedule.streaming`` is on."""
+    streaming = config.schedule.streaming
+    if not streaming.enabled:
+        return None
+    return FragmentSchedule(
+        streaming.count,
+        config.local_steps // streaming.count,
+        streaming.overlap_steps,
+        streaming.mixing_alpha,
+        streaming.groups,
+    )
+
+
 def build_strategy(config: RunConfig) -> Strategy:
     """The configured strategy with its own parameters (DiLoCo's outer optimizer in mode diloco)."""
     if config.schedule.mode == "diloco":
@@ -100,7 +117,10 @@ def build_strategy(config: RunConfig) -> Strategy:
             else None
         )
         return DiLoCo(
-            outer_lr=diloco.outer_lr, outer_momentum=diloco.outer_momentum, layer_sync=layer_sync
+            outer_lr=diloco.outer_lr,
+            outer_momentum=diloco.outer_momentum,
+            layer_sync=layer_sync,
+            streaming=fragment_schedule(config),
         )
     params: dict[str, Any] = config.strategy.model_dump()
     name = params.pop("name")
@@ -108,6 +128,8 @@ def build_strategy(config: RunConfig) -> Strategy:
         params.pop(key, None)
     strategy = make_strategy(name, **params)
     privacy, robust = config.privacy, config.strategy.robust
+    if privacy is not None and privacy.is_distributed(config.secure_aggregation.enabled):
+        return strategy  # the clients clip and noise; the server averages the noised sum
     if privacy is not None:  # the config refuses privacy with a robust rule or Flower
         assert isinstance(strategy, ServerOptStrategy)
         rule = privacy.build(config.strategy.clients_per_round, config.planned_rounds)
@@ -119,12 +141,46 @@ def build_strategy(config: RunConfig) -> Strategy:
 
 
 def privacy_ledger(config: RunConfig) -> PrivacyLedger | None:
-    """The run's privacy ledger (the same mechanism :func:`build_strategy` noises with)."""
+    """The run's central-DP ledger (the same mechanism :func:`build_strategy` noises with);
+    None without privacy or with distributed DP, whose ledger needs the model's size
+    (:func:`distributed_plan`)."""
     privacy = config.privacy
-    if privacy is None:
+    if privacy is None or privacy.is_distributed(config.secure_aggregation.enabled):
         return None
-    mechanism = privacy.mechanism(config.strategy.clients_per_round, config.planned_rounds)
+    mechanism = privacy.central_mechanism(config.strategy.clients_per_round, config.planned_rounds)
     return PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
+
+
+def distributed_plan(
+    config: RunConfig, dimension: int
+) -> tuple[DistributedMechanism, DistributedDpSettings]:
+    """Distributed DP for a model of ``dimension`` floats: the accounted mechanism and the
+    settings every secure round sends to its clients.
+
+    Raises
+    ------
+    PrivacyError
+        If the ring is too small, no noise fits the target, or the target is exceeded.
+    """
+    privacy = config.privacy
+    assert privacy is not None
+    cohort, rounds = config.strategy.clients_per_round, config.planned_rounds
+    mechanism = privacy.distributed_mechanism(
+        cohort, rounds, dimension, config.secure_aggregation.ring_bits
+    )
+    problem = budget_problem(privacy, cohort, rounds, mechanism)
+    if problem is not None:
+        raise PrivacyError(f"distributed DP for a model of {dimension} floats: {problem}")
+    settings = DistributedDpSettings(
+        clip_norm=mechanism.clip_norm,
+        granularity=mechanism.granularity,
+        noise_stddev=mechanism.noise_stddev,
+        rounding_bound=mechanism.rounding_bound,
+        dimension=dimension,
+        min_survivors=mechanism.min_survivors,
+        denominator=cohort,
+    )
+    return mechanism, settings
 
 
 def check_exposure(config: ServerConfig, source: str = "server") -> None:
@@ -269,27 +325,44 @@ async def shutdown_clients(registry: Registry, grace_s: float = _SHUTDOWN_GRACE_
 class StagedUpdatesCleaner(RoundObserver):
     """Drops a round's staged updates once the round is over (committed or failed)."""
 
-    def __init__(self, uploads: DurableUploads) -> None:
+    def __init__(
+        self, uploads: DurableUploads, writer: Writer | None = None, *, by_task: bool = False
+    ) -> None:
+        """``by_task``: FedBuff, whose updates go into whichever version is being built
+        when they arrive: a version clears the staged rows of the tasks it recorded."""
         self._uploads = uploads
+        self._writer = writer if writer is not None else InlineWriter()
+        self._by_task = by_task
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
-        self._uploads.clear_round(record.number)
+        if self._by_task:
+            tasks = [task.task_id for task, _ in record.outcomes if task.kind == "fit"]
+            self._writer.submit(lambda: self._uploads.clear_tasks(tasks))
+            return
+        number = record.number
+        self._writer.submit(lambda: self._uploads.clear_round(number))
 
 
 def stages_uploads(config: RunConfig) -> bool:
     """Whether accepted updates are staged durably: the rounds that can fold them again.
 
-    Synchronous rounds (and DiLoCo) without secure aggregation or partial sync: a masked
-    update is useless without its round's SecAgg+ state, FedBuff does not resume its
-    buffer, and a partial-sync round's groups are not staged separately.
+    Synchronous, DiLoCo (partial sync included: its segments arrive as one update, staged
+    once the trailer is in) and FedBuff rounds. Not secure aggregation: a masked vector is
+    only unmasked by its round's SecAgg+ key agreement, whose secrets lived in the killed
+    coordinator's memory (docs/architecture.md, "Durable rounds and database outages").
+    Not streaming DiLoCo: a round's upload is one fragment of the model, which the staged
+    update's full-model record does not describe.
     """
-    schedule = config.schedule
     return (
         config.storage.stage_uploads
-        and schedule.mode in ("sync", "diloco")
         and not config.secure_aggregation.enabled
-        and not schedule.partial_sync.enabled
+        and not config.schedule.streaming.enabled
     )
+
+
+def buffers_updates(config: RunConfig) -> bool:
+    """Whether the run is FedBuff's: staged updates belong to no one round."""
+    return config.schedule.mode == "async"
 
 
 class Coordinator:
@@ -320,12 +393,16 @@ class Coordinator:
         self.store = CheckpointStore(Path(config.storage.checkpoints))
         self.strategy = build_strategy(config)
         self.ledger = privacy_ledger(config)
+        self._ddp: DistributedDpSettings | None = None  # planned with the model
         self.registry = Registry(
             config.server.heartbeat_interval_s,
             clock=clock,
             selectable=config.schedule.selection.node_config,
         )
-        self.db.on_recovered = lambda waited: self.registry.forgive_silence()
+        #: The rounds' database work: on one worker thread when serving RPCs, so the event
+        #: loop answers them while the database is away (see server/rounds/writer.py).
+        self.writer: Writer = SerialWriter() if listen else InlineWriter()
+        self.db.on_recovered = self._forgive_silence
         self.admin_sessions = self._admin_sessions()  # a bad admins file: before any run
         if config.server.dashboard is not None:  # a dashboard without login: as early
             check_access(config.server.dashboard, self._dashboard_sessions, config.run.name)
@@ -334,9 +411,7 @@ class Coordinator:
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
         )
         durable = listen and stages_uploads(config)
-        self._resumed: list[ResumedUpdate] = (
-            self.uploads.resumed(self.start_round, self.start_round - 1) if durable else []
-        )
+        self._resumed: list[ResumedUpdate] = self._staged_before_restart() if durable else []
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).
         self.instruments = RunInstruments(
@@ -366,6 +441,7 @@ class Coordinator:
                 f"({config.server.max_model_bytes})"
             )
         self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.control_port: int | None = None
         self._control: grpc.aio.Server | None = None
         self._server: grpc.aio.Server | None = None
@@ -383,6 +459,7 @@ class Coordinator:
                 tracks=config.compression.down_chains(),
                 min_bytes=config.compression.min_bytes,
                 seed=config.run.seed,
+                changed_only=config.schedule.streaming.enabled,
             ),
             compression=config.compression,
             upload_budget=upload_budget,
@@ -436,8 +513,22 @@ class Coordinator:
         log.info("resuming run %d after round %d", run_id, last)
         return weights, run_id, last + 1
 
+    def _staged_before_restart(self) -> list[ResumedUpdate]:
+        """The updates accepted before a restart that the first round folds again."""
+        if buffers_updates(self.config):
+            return self.uploads.buffered()
+        return self.uploads.resumed(self.start_round, self.start_round - 1)
+
     def _check_layer_sync(self, weights: WeightsView) -> None:
-        """A partial-sync schedule must fit the model before the first round."""
+        """A partial-sync or streaming schedule must fit the model before the first round."""
+        fragments = getattr(self.strategy, "streaming", None)
+        if isinstance(fragments, FragmentSchedule):
+            try:
+                fragments.groups(spec_of(weights))
+            except StreamingError as exc:
+                raise ConfigError.single(
+                    self.config.run.name, str(exc), path="schedule.streaming"
+                ) from exc
         layer_sync = getattr(self.strategy, "layer_sync", None)
         if not isinstance(layer_sync, LayerSyncPlanner):
             return
@@ -449,13 +540,35 @@ class Coordinator:
             ) from exc
 
     def _check_private_model(self, weights: WeightsView) -> None:
-        """Central DP noises float tensors only: a model with others is refused up front."""
-        if self.config.privacy is None:
+        """DP noises float tensors only: a model with others is refused up front. Distributed
+        DP is planned (and its exact ε checked against the target) here, once the model's
+        size is known."""
+        privacy = self.config.privacy
+        if privacy is None:
             return
         try:
             check_float_model(weights)
+            if privacy.is_distributed(self.config.secure_aggregation.enabled):
+                dimension = sum(int(w.size) for w in weights.values())
+                mechanism, self._ddp = distributed_plan(self.config, dimension)
+                self.ledger = PrivacyLedger(mechanism, privacy.delta, privacy.target_epsilon)
         except PrivacyError as exc:
             raise ConfigError.single(self.config.run.name, str(exc), path="privacy") from exc
+
+    def _forgive_silence(self, waited_s: float) -> None:
+        """The database is back: heartbeats missed meanwhile say nothing about the nodes.
+
+        Called on whichever thread waited (the writer's, a staging thread, or the loop
+        at start-up); the registry belongs to the event loop, so it is done there.
+        """
+        loop = self._loop
+        on_loop = False
+        with contextlib.suppress(RuntimeError):
+            on_loop = asyncio.get_running_loop() is loop
+        if loop is None or on_loop or loop.is_closed():
+            self.registry.forgive_silence()
+        else:
+            loop.call_soon_threadsafe(self.registry.forgive_silence)
 
     def _join_node(self, name: str, region: str | None, node_config: dict[str, Scalar]) -> int:
         now = self.clock.now()
@@ -499,6 +612,7 @@ class Coordinator:
     async def start(self) -> int:
         """Bind the listen address and start serving; returns the bound port."""
         tune_allocator()
+        self._loop = asyncio.get_running_loop()
         self._server, self.port = await start_grpc_server(self._state, self.config.server)
         self.instruments.start()  # first: the control API hands out the dashboard's URL
         await self._start_control()
@@ -582,6 +696,7 @@ class Coordinator:
             raise
         finally:
             reaper.cancel()
+        await self.writer.drain()  # every round's rows are written before the run's end
         status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
         self._record_end(status, error)
         self.instruments.close(status.value)
@@ -633,6 +748,7 @@ class Coordinator:
             config.storage.keep_checkpoints,
             clock=self.clock,
             epsilon_after=self.ledger.epsilon_after if self.ledger else None,
+            writer=self.writer,
         )
         guard = (
             [BudgetGuard(self.ledger, config.planned_rounds, self._stop_for_budget)]
@@ -646,8 +762,10 @@ class Coordinator:
             observer=Observers(
                 [
                     recorder,
-                    StagedUpdatesCleaner(self.uploads),
-                    RoundEvents(self.db, self.run_id, self.clock),
+                    StagedUpdatesCleaner(
+                        self.uploads, self.writer, by_task=buffers_updates(config)
+                    ),
+                    RoundEvents(self.db, self.run_id, self.clock, self.writer),
                     *guard,
                     *self.instruments.observers,
                     *self._observers,
@@ -660,7 +778,7 @@ class Coordinator:
                 load_server_evaluate(config.evaluation.server) if config.evaluation.server else None
             ),
             compression=config.compression,
-            secure=SecureSettings.from_config(config.secure_aggregation, self.run_id),
+            secure=SecureSettings.from_config(config.secure_aggregation, self.run_id, self._ddp),
             scheduler=self._scheduler(),
             resumed=self._resumed,
             stop_requested=self.stop_switch.requested,
@@ -706,6 +824,7 @@ class Coordinator:
                 with contextlib.suppress(Exception):
                     await server.stop(grace)
         self._server = self._control = None
+        self.writer.close()
         self.db.close()
 
 
@@ -714,8 +833,10 @@ __all__ = [
     "Coordinator",
     "RunResult",
     "StagedUpdatesCleaner",
+    "buffers_updates",
     "build_strategy",
     "check_exposure",
+    "distributed_plan",
     "is_loopback",
     "join_check",
     "privacy_ledger",

@@ -20,6 +20,7 @@ from geofl.server.config.errors import ConfigError
 from geofl.server.nodes.clock import Clock
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import RoundRecord
+from geofl.server.rounds.writer import InlineWriter, Writer
 from geofl.storage import Database, Run, RunStatus, queries
 
 __all__ = ["RoundEvents", "StopSwitch", "choose_run", "final_status"]
@@ -102,10 +103,14 @@ class StopSwitch:
 class RoundEvents(RoundObserver):
     """Writes each round's end to the run's events, so ``geofl runs logs`` shows progress."""
 
-    def __init__(self, db: Database, run_id: int, clock: Clock) -> None:
+    def __init__(
+        self, db: Database, run_id: int, clock: Clock, writer: Writer | None = None
+    ) -> None:
+        """``writer`` runs the write (:mod:`geofl.server.rounds.writer`; None: at once)."""
         self._db = db
         self._run_id = run_id
         self._clock = clock
+        self._writer = writer if writer is not None else InlineWriter()
 
     def round_ended(self, record: RoundRecord, status: str) -> None:
         """One ``round.committed`` or ``round.failed`` event with the round's figures."""
@@ -117,14 +122,16 @@ class RoundEvents(RoundObserver):
         data.update({f"eval_{k}": v for k, v in record.eval_metrics.items()})
         message = f"round {record.number} {status}: {ok}/{len(record.outcomes)} tasks ok"
         when = self._clock.now()
-        self._db.transact(
-            lambda session: queries.add_event(
-                session,
-                "round.committed" if committed else "round.failed",
-                message,
-                run_id=self._run_id,
-                round=record.number,
-                data=data,
-                now=when,
+        self._writer.submit(
+            lambda: self._db.transact(
+                lambda session: queries.add_event(
+                    session,
+                    "round.committed" if committed else "round.failed",
+                    message,
+                    run_id=self._run_id,
+                    round=record.number,
+                    data=data,
+                    now=when,
+                )
             )
         )

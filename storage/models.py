@@ -369,11 +369,12 @@ class StagedUpdate(Base):
     file (``path``, ``sha256``, ``size_bytes``, as a checkpoint record) and these columns
     are what its participation row will say. A coordinator restarted in the middle of
     round ``round`` folds these again (after re-checking the digest) instead of asking
-    their nodes to train again. Rows go when their round commits or fails.
+    their nodes to train again. Rows go when their round commits or fails (FedBuff:
+    when the version their update went into does). One row per task (revision 0008).
     """
 
     __tablename__ = "staged_updates"
-    __table_args__ = (UniqueConstraint("run_id", "round", "node_id"),)
+    __table_args__ = (UniqueConstraint("run_id", "task_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)

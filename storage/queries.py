@@ -68,6 +68,8 @@ from geofl.storage.staged import (
     StagedUpdateRecord,
     clear_staged,
     clear_staged_round,
+    clear_staged_tasks,
+    consumed_tasks,
     stage_update,
     staged_updates,
 )
@@ -79,7 +81,9 @@ __all__ = [
     "checkpoints_of",
     "clear_staged",
     "clear_staged_round",
+    "clear_staged_tasks",
     "commit_round",
+    "consumed_tasks",
     "create_run",
     "events_of",
     "fail_round",

@@ -11,7 +11,7 @@ flushes; :mod:`geofl.storage.queries` re-exports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,7 +20,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from geofl.storage.checkpoints import CheckpointRecord
-from geofl.storage.models import StagedUpdate
+from geofl.storage.models import Participation, Round, RoundStatus, StagedUpdate
 from geofl.storage.reports import get_run
 from geofl.storage.values import aware_now, json_object
 
@@ -28,6 +28,8 @@ __all__ = [
     "StagedUpdateRecord",
     "clear_staged",
     "clear_staged_round",
+    "clear_staged_tasks",
+    "consumed_tasks",
     "stage_update",
     "staged_updates",
 ]
@@ -78,24 +80,24 @@ class StagedUpdateRecord:
 
 
 def stage_update(session: Session, record: StagedUpdateRecord) -> StagedUpdate:
-    """Record an accepted update; a second one of the same (run, round, node) replaces it.
+    """Record an accepted update; a second one of the same (run, task) replaces it.
 
-    Replacing keeps the table at one update per node and round: a node that re-submits
-    after the server lost its first acknowledgement is not counted twice.
+    Replacing keeps the table at one update per task: an upload of a task the server
+    has staged already (its acknowledgement lost) is not counted twice. One node may
+    have several rows of one round: FedBuff gives a fast node several tasks per version.
     """
     get_run(session, record.run_id)
     row = session.scalars(
         select(StagedUpdate).where(
-            StagedUpdate.run_id == record.run_id,
-            StagedUpdate.round == record.round,
-            StagedUpdate.node_id == record.node_id,
+            StagedUpdate.run_id == record.run_id, StagedUpdate.task_id == record.task_id
         )
     ).one_or_none()
     if row is None:
-        row = StagedUpdate(run_id=record.run_id, round=record.round, node_id=record.node_id)
+        row = StagedUpdate(run_id=record.run_id, task_id=record.task_id)
         session.add(row)
     values: dict[str, Any] = {
-        "task_id": record.task_id,
+        "round": record.round,
+        "node_id": record.node_id,
         "model_version": record.model_version,
         "path": record.file.path,
         "sha256": record.file.sha256,
@@ -145,3 +147,32 @@ def clear_staged_round(session: Session, run_id: int, round: int) -> int:
     )
     result: Any = session.execute(statement)
     return int(result.rowcount or 0)
+
+
+def clear_staged_tasks(session: Session, run_id: int, task_ids: Collection[int]) -> int:
+    """Delete the staged rows of these tasks (their updates were used or refused)."""
+    if not task_ids:
+        return 0
+    statement = delete(StagedUpdate).where(
+        StagedUpdate.run_id == run_id, StagedUpdate.task_id.in_(list(task_ids))
+    )
+    result: Any = session.execute(statement)
+    return int(result.rowcount or 0)
+
+
+def consumed_tasks(session: Session, run_id: int) -> set[int]:
+    """Staged tasks whose participation a committed round recorded: already folded.
+
+    A coordinator killed after committing a version but before clearing its staged rows
+    must not fold those updates a second time.
+    """
+    statement = (
+        select(Participation.task_id)
+        .join(Round, Round.id == Participation.round_id)
+        .join(
+            StagedUpdate,
+            (StagedUpdate.task_id == Participation.task_id) & (StagedUpdate.run_id == run_id),
+        )
+        .where(Round.run_id == run_id, Round.status == RoundStatus.COMMITTED.value)
+    )
+    return {int(task_id) for task_id in session.scalars(statement)}

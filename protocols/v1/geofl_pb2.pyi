@@ -289,7 +289,7 @@ class Task(_message.Message):
     def __init__(self, kind: _Optional[_Union[TaskKind, str]] = ..., task_id: _Optional[int] = ..., run_id: _Optional[int] = ..., round: _Optional[int] = ..., model_version: _Optional[int] = ..., config: _Optional[_Mapping[str, Scalar]] = ..., deadline_unix_s: _Optional[float] = ..., num_tensors: _Optional[int] = ..., model_bytes: _Optional[int] = ..., reason: _Optional[str] = ..., upload: _Optional[_Union[CompressionPlan, _Mapping]] = ..., flower: _Optional[_Union[FlowerContent, _Mapping]] = ..., secagg: _Optional[_Union[SecAggTask, _Mapping]] = ...) -> None: ...
 
 class SecAggSetup(_message.Message):
-    __slots__ = ("cohort", "threshold", "degree", "graph_seed", "clip", "ring_bits", "max_examples", "low_rank", "low_rank_min_elements")
+    __slots__ = ("cohort", "threshold", "degree", "graph_seed", "clip", "ring_bits", "max_examples", "low_rank", "low_rank_min_elements", "ddp")
     COHORT_FIELD_NUMBER: _ClassVar[int]
     THRESHOLD_FIELD_NUMBER: _ClassVar[int]
     DEGREE_FIELD_NUMBER: _ClassVar[int]
@@ -299,6 +299,7 @@ class SecAggSetup(_message.Message):
     MAX_EXAMPLES_FIELD_NUMBER: _ClassVar[int]
     LOW_RANK_FIELD_NUMBER: _ClassVar[int]
     LOW_RANK_MIN_ELEMENTS_FIELD_NUMBER: _ClassVar[int]
+    DDP_FIELD_NUMBER: _ClassVar[int]
     cohort: _containers.RepeatedScalarFieldContainer[int]
     threshold: int
     degree: int
@@ -308,7 +309,26 @@ class SecAggSetup(_message.Message):
     max_examples: int
     low_rank: int
     low_rank_min_elements: int
-    def __init__(self, cohort: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., degree: _Optional[int] = ..., graph_seed: _Optional[bytes] = ..., clip: _Optional[float] = ..., ring_bits: _Optional[int] = ..., max_examples: _Optional[int] = ..., low_rank: _Optional[int] = ..., low_rank_min_elements: _Optional[int] = ...) -> None: ...
+    ddp: DistributedDp
+    def __init__(self, cohort: _Optional[_Iterable[int]] = ..., threshold: _Optional[int] = ..., degree: _Optional[int] = ..., graph_seed: _Optional[bytes] = ..., clip: _Optional[float] = ..., ring_bits: _Optional[int] = ..., max_examples: _Optional[int] = ..., low_rank: _Optional[int] = ..., low_rank_min_elements: _Optional[int] = ..., ddp: _Optional[_Union[DistributedDp, _Mapping]] = ...) -> None: ...
+
+class DistributedDp(_message.Message):
+    __slots__ = ("clip_norm", "granularity", "noise_stddev", "rounding_bound", "dimension", "rotation_seed", "min_survivors")
+    CLIP_NORM_FIELD_NUMBER: _ClassVar[int]
+    GRANULARITY_FIELD_NUMBER: _ClassVar[int]
+    NOISE_STDDEV_FIELD_NUMBER: _ClassVar[int]
+    ROUNDING_BOUND_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    ROTATION_SEED_FIELD_NUMBER: _ClassVar[int]
+    MIN_SURVIVORS_FIELD_NUMBER: _ClassVar[int]
+    clip_norm: float
+    granularity: float
+    noise_stddev: float
+    rounding_bound: float
+    dimension: int
+    rotation_seed: bytes
+    min_survivors: int
+    def __init__(self, clip_norm: _Optional[float] = ..., granularity: _Optional[float] = ..., noise_stddev: _Optional[float] = ..., rounding_bound: _Optional[float] = ..., dimension: _Optional[int] = ..., rotation_seed: _Optional[bytes] = ..., min_survivors: _Optional[int] = ...) -> None: ...
 
 class PublicKeys(_message.Message):
     __slots__ = ("encrypt", "mask")

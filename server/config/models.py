@@ -30,13 +30,14 @@ from geofl.server.config.fields import (
     split_address,
 )
 from geofl.server.config.metrics import MetricsConfig
-from geofl.server.config.privacy import PrivacyConfig, budget_problem
+from geofl.server.config.privacy import PrivacyConfig, budget_problem, distributed_problem
 from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.config.schedule import (
     AsyncConfig,
     DilocoConfig,
     PartialSyncConfig,
     SelectionConfig,
+    StreamingConfig,
 )
 from geofl.server.config.secure import SecureAggregationConfig
 from geofl.server.config.simulation import (
@@ -137,6 +138,11 @@ class ScheduleConfig(Section):
         description="mode: diloco — layer-wise partial synchronization with uploads "
         "overlapped with the remaining local steps.",
     )
+    streaming: StreamingConfig = Field(
+        default_factory=StreamingConfig,
+        description="mode: diloco — Streaming DiLoCo: fragments of the model synchronized "
+        "in turn, each upload overlapped with the next inner steps (docs/streaming-diloco.md).",
+    )
     deadline_s: float = Field(
         default=600.0,
         gt=0,
@@ -198,8 +204,9 @@ class StorageConfig(Section):
         default=True,
         description="Write every accepted fit update to <checkpoints>/staged and the "
         "database before acknowledging it, so a restarted coordinator finishes the "
-        "interrupted round without those clients training again (synchronous rounds "
-        "without secure aggregation or partial sync).",
+        "interrupted round without those clients training again: synchronous, DiLoCo "
+        "(partial sync too) and FedBuff rounds; not secure aggregation, whose round "
+        "restarts from its key stage (docs/architecture.md).",
     )
     retry_s: float = Field(
         default=120.0,
@@ -541,8 +548,9 @@ class RunConfig(Section):
     tracking: TrackingConfig = _section("Experiment tracking: MLflow, TensorBoard.")
     privacy: PrivacyConfig | None = Field(
         default=None,
-        description="Central client-level differential privacy: each update clipped, "
-        "Gaussian noise on the aggregate, ε accounted per round (docs/privacy.md); null = off.",
+        description="Client-level differential privacy, ε accounted per round "
+        "(docs/privacy.md): central (the server clips and noises the aggregate) or, with "
+        "secure_aggregation, distributed (clients noise in the ring); null = off.",
     )
 
     @model_validator(mode="after")
@@ -665,6 +673,14 @@ class RunConfig(Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _streaming_composes(self) -> RunConfig:
+        """Streaming DiLoCo splits H into P rounds of H / P steps, one fragment each."""
+        problem = streaming_problem(self)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _empty_sections_are_defaults(cls, data: Any) -> Any:
@@ -723,11 +739,27 @@ def privacy_composition_problem(config: RunConfig) -> str | None:
     """Why ``config.privacy`` would not be accounted correctly with the rest, or None."""
     privacy = config.privacy
     assert privacy is not None
-    if config.secure_aggregation.enabled:
+    secure = config.secure_aggregation
+    if privacy.is_distributed(secure.enabled):
+        if not secure.enabled:
+            return (
+                "privacy.mechanism distributed needs secure_aggregation.enabled: the clients "
+                "noise in the secure-aggregation ring; use mechanism central without it"
+            )
+        if secure.low_rank is not None:
+            return (
+                "privacy.mechanism distributed cannot be combined with "
+                "secure_aggregation.low_rank: the projection's error feedback is not clipped "
+                "with the update, so the sensitivity would not be bounded"
+            )
+        problem = distributed_problem(privacy, config.strategy.clients_per_round, secure.ring_bits)
+        if problem is not None:
+            return problem
+    elif secure.enabled:
         return (
-            "privacy (central DP) cannot be combined with secure_aggregation: the server "
-            "clips and noises each update, which it never sees under masking; distributed DP "
-            "(clients noise in the ring) is not built yet"
+            "privacy.mechanism central cannot be combined with secure_aggregation: the server "
+            "clips and noises each update, which it never sees under masking; use mechanism "
+            "distributed (or auto), where clients noise in the ring"
         )
     if config.schedule.mode != "sync":
         return (
@@ -771,3 +803,44 @@ def _uniform_sampling_problem(config: RunConfig, population: int) -> str | None:
         f"of clients_per_round out of privacy.population, but {'; '.join(reasons)}: fix "
         "that, or set privacy.sampling: none"
     )
+
+
+def streaming_problem(config: RunConfig) -> str | None:
+    """Why ``schedule.streaming`` cannot run with the rest of ``config``, or None."""
+    streaming = config.schedule.streaming
+    if not streaming.enabled:
+        return None
+    if config.schedule.mode != "diloco":
+        return (
+            "schedule.streaming needs schedule.mode diloco: it is DiLoCo's outer step taken "
+            f"one fragment at a time (mode is {config.schedule.mode!r})"
+        )
+    if config.schedule.partial_sync.enabled:
+        return (
+            "schedule.streaming cannot be combined with schedule.partial_sync: both decide "
+            "which tensors a round sends and when; use one"
+        )
+    steps, fragments = config.local_steps, streaming.count
+    if steps % fragments:
+        return (
+            f"schedule.streaming.fragments {fragments} must divide the local steps H = "
+            f"{steps} (schedule.diloco.local_steps, or round_config's local_steps): each "
+            "round trains H / P steps"
+        )
+    if streaming.overlap_steps >= steps // fragments:
+        return (
+            f"schedule.streaming.overlap_steps {streaming.overlap_steps} must be less than "
+            f"the {steps // fragments} inner steps of a round (H / P = {steps} / {fragments}): "
+            "a fragment is sent tau steps before the round's steps end"
+        )
+    if config.secure_aggregation.enabled:
+        return (
+            "schedule.streaming cannot be combined with secure_aggregation: a masked update "
+            "is one vector of the whole model, a streaming upload one fragment"
+        )
+    if config.simulation.relays:
+        return (
+            "schedule.streaming cannot be combined with simulation.relays: relays forward "
+            "whole-model regional updates"
+        )
+    return None

@@ -1,12 +1,19 @@
-"""The ``privacy`` section: central client-level differential privacy (docs/privacy.md).
+"""The ``privacy`` section: client-level differential privacy (docs/privacy.md).
 
-Each update is clipped to ``clip_norm`` (fixed, or adaptive after Andrew et al. 2021),
-the clipped updates are summed, Gaussian noise of std ``noise_multiplier x clip_norm`` is
+``mechanism: central`` (the default without secure aggregation): each update is clipped
+to ``clip_norm`` (fixed, or adaptive after Andrew et al. 2021), the clipped updates are
+summed, Gaussian noise of std ``noise_multiplier x clip_norm`` is
 added and the sum divided by ``strategy.clients_per_round``. Accounting is by Google's
 ``dp-accounting`` (RDP); ``noise_multiplier`` may instead be derived from
 ``target_epsilon`` for the planned rounds. Subsampling amplification applies only with
 ``sampling: uniform`` and a known ``population`` (checked against the selection policy by
 :class:`~geofl.server.config.models.RunConfig`).
+
+``mechanism: distributed`` (the default with ``secure_aggregation.enabled``): each client
+clips, rounds and noises its own update in the ring before masking (the distributed
+discrete Gaussian mechanism, :mod:`geofl.server.privacy.distributed`). Its exact ε depends
+on the model's size, so the run configuration checks the continuous Gaussian's ε (a lower
+bound) and the coordinator the exact one, both before the first round.
 """
 
 from __future__ import annotations
@@ -17,14 +24,23 @@ from pydantic import Field, model_validator
 
 from geofl.server.config.fields import Section
 from geofl.server.privacy import (
+    AccountedMechanism,
+    DistributedMechanism,
     GaussianClip,
     RoundMechanism,
     Sampling,
+    calibrate_distributed,
     calibrate_noise,
     epsilon,
 )
 
-__all__ = ["AdaptiveClippingConfig", "PrivacyConfig", "budget_problem", "rounds_within"]
+__all__ = [
+    "AdaptiveClippingConfig",
+    "PrivacyConfig",
+    "budget_problem",
+    "distributed_problem",
+    "rounds_within",
+]
 
 
 class AdaptiveClippingConfig(Section):
@@ -46,8 +62,24 @@ class AdaptiveClippingConfig(Section):
 
 
 class PrivacyConfig(Section):
-    """Central client-level DP: clip each update, add Gaussian noise to the aggregate."""
+    """Client-level DP: central (the server noises the aggregate) or distributed (clients
+    noise their updates in the secure-aggregation ring)."""
 
+    mechanism: Literal["auto", "central", "distributed"] = Field(
+        default="auto",
+        description="'central': the server clips and noises (needs secure_aggregation off). "
+        "'distributed': each client clips and adds discrete Gaussian noise in the ring "
+        "before masking (needs secure_aggregation.enabled). 'auto': distributed with "
+        "secure aggregation, else central.",
+    )
+    min_survivors: int | None = Field(
+        default=None,
+        ge=2,
+        description="Distributed only: the fewest clients whose noise an unmasked sum "
+        "carries. Each client adds 1/min_survivors of the noise variance; a round with fewer "
+        "survivors is aborted (and every client refuses to unmask it). null = "
+        "clients_per_round (no dropout tolerated).",
+    )
     clip_norm: float = Field(
         gt=0,
         allow_inf_nan=False,
@@ -99,6 +131,41 @@ class PrivacyConfig(Section):
             )
         return self
 
+    def is_distributed(self, secure_aggregation: bool) -> bool:
+        """Whether the clients noise in the ring (see ``mechanism``)."""
+        if self.mechanism == "auto":
+            return secure_aggregation
+        return self.mechanism == "distributed"
+
+    def survivors(self, cohort: int) -> int:
+        """``min_survivors``, defaulting to the whole cohort."""
+        return self.min_survivors if self.min_survivors is not None else cohort
+
+    def distributed_mechanism(
+        self, cohort: int, rounds: int, dimension: int, ring_bits: int
+    ) -> DistributedMechanism:
+        """The distributed round for a model of ``dimension`` floats (calibrated if
+        ``noise_multiplier`` is unset), its ring checked.
+
+        Raises
+        ------
+        PrivacyError
+            If the ring is too small or no noise fits the target.
+        """
+        template = DistributedMechanism(
+            self.noise_multiplier or 1.0,
+            self.clip_norm,
+            self.survivors(cohort),
+            cohort,
+            dimension,
+            ring_bits,
+        )
+        if self.noise_multiplier is None:
+            assert self.target_epsilon is not None  # checked above
+            template = calibrate_distributed(template, self.target_epsilon, self.delta, rounds)
+        template.check_ring()
+        return template
+
     def sample(self, cohort: int) -> Sampling | None:
         """The sample that amplifies ε, or None."""
         if self.sampling == "none":
@@ -112,7 +179,7 @@ class PrivacyConfig(Section):
             return None
         return self.adaptive.count_noise_multiplier or cohort / 20
 
-    def mechanism(self, cohort: int, rounds: int) -> RoundMechanism:
+    def central_mechanism(self, cohort: int, rounds: int) -> RoundMechanism:
         """One round as the accountant sees it (noise calibrated for ``rounds`` if unset)."""
         count, sampling = self.count_noise(cohort), self.sample(cohort)
         z = self.noise_multiplier
@@ -123,7 +190,7 @@ class PrivacyConfig(Section):
 
     def build(self, cohort: int, rounds: int) -> GaussianClip:
         """The DP rule for a run of ``rounds`` rounds of ``cohort`` clients."""
-        mechanism = self.mechanism(cohort, rounds)
+        mechanism = self.central_mechanism(cohort, rounds)
         adaptive = self.adaptive
         return GaussianClip(
             self.clip_norm,
@@ -135,7 +202,7 @@ class PrivacyConfig(Section):
         )
 
 
-def rounds_within(mechanism: RoundMechanism, target: float, delta: float, most: int) -> int:
+def rounds_within(mechanism: AccountedMechanism, target: float, delta: float, most: int) -> int:
     """How many rounds (at most ``most``) spend no more than ``target`` (bisection)."""
     low, high = 0, most  # epsilon(low) <= target; find the largest such
     while low < high:
@@ -147,12 +214,22 @@ def rounds_within(mechanism: RoundMechanism, target: float, delta: float, most: 
     return low
 
 
-def budget_problem(privacy: PrivacyConfig, cohort: int, rounds: int) -> str | None:
-    """Why the run cannot start within ``privacy.target_epsilon``, or None."""
+def budget_problem(
+    privacy: PrivacyConfig,
+    cohort: int,
+    rounds: int,
+    mechanism: AccountedMechanism | None = None,
+) -> str | None:
+    """Why the run cannot start within ``privacy.target_epsilon``, or None.
+
+    ``mechanism``: the round as accounted (default: the central one, which for a
+    distributed run is a lower bound on its ε).
+    """
     target = privacy.target_epsilon
     if target is None:
         return None
-    mechanism = privacy.mechanism(cohort, rounds)
+    if mechanism is None:
+        mechanism = privacy.central_mechanism(cohort, rounds)
     first = epsilon(mechanism, 1, privacy.delta)
     if first > target:
         return (
@@ -169,3 +246,31 @@ def budget_problem(privacy: PrivacyConfig, cohort: int, rounds: int) -> str | No
         f"privacy.target_epsilon {target}; only {fit} rounds fit: lower run.rounds, raise "
         "noise_multiplier, or set privacy.on_budget: stop"
     )
+
+
+def distributed_problem(privacy: PrivacyConfig, cohort: int, ring_bits: int) -> str | None:
+    """Why distributed DP cannot run with these settings (before the model is known), or
+    None."""
+    survivors = privacy.survivors(cohort)
+    if survivors > cohort:
+        return (
+            f"privacy.min_survivors {survivors} exceeds strategy.clients_per_round {cohort}: "
+            "no round could unmask"
+        )
+    if (1 << (ring_bits - 1)) - 1 - cohort <= 0:
+        return (
+            f"a {ring_bits}-bit ring cannot hold the sum of {cohort} rounded updates for "
+            "distributed DP: raise secure_aggregation.ring_bits"
+        )
+    if privacy.adaptive is not None:
+        return (
+            "privacy.adaptive (adaptive clipping) is not built for distributed DP: the "
+            "unclipped count would need its own noise in the ring; use a fixed clip_norm"
+        )
+    if privacy.sampling != "none":
+        return (
+            "privacy.sampling uniform is refused with distributed DP: dp-accounting amplifies "
+            "sampled Gaussian events, not the zCDP bound of a sum of discrete Gaussians, so "
+            "ε is accounted without amplification (sampling: none)"
+        )
+    return None

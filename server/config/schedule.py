@@ -1,4 +1,5 @@
-"""Sections of ``schedule`` beyond the synchronous round: selection, async, DiLoCo, partial sync."""
+"""Sections of ``schedule`` beyond the synchronous round: selection, async, DiLoCo and its
+variants (partial sync, Streaming DiLoCo)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ __all__ = [
     "PartialSyncConfig",
     "SelectionConfig",
     "StalenessConfig",
+    "StreamingConfig",
 ]
 
 
@@ -195,4 +197,64 @@ class PartialSyncConfig(Section):
                 "sync_points 1 sends the whole model after the last step, which is plain "
                 "DiLoCo: use 0, or 2 or more to overlap transfers with training"
             )
+        return self
+
+
+class StreamingConfig(Section):
+    """Streaming DiLoCo (Douillard et al., 2025): fragments synchronized in turn, overlapped.
+
+    The model is cut into ``fragments`` P; each round synchronizes one of them, in turn,
+    and trains H / P inner steps (H = schedule.diloco.local_steps), so every fragment has
+    its outer step every H steps, staggered by H / P. A fragment's pseudo-gradient is sent
+    ``overlap_steps`` before the round's steps end and travels while they train; the
+    merged global fragment is mixed into the client's own at the start of its next fit.
+    """
+
+    fragments: int = Field(
+        default=0,
+        ge=0,
+        description="P: fragments of the model, one synchronized per round; 0 = off. "
+        "schedule.diloco.local_steps must be a multiple of P (rounds train H / P steps).",
+    )
+    overlap_steps: int = Field(
+        default=1,
+        ge=0,
+        description="tau: inner steps trained while a fragment's upload is in flight; the "
+        "global fragment is merged tau steps after it was sent. Less than H / P.",
+    )
+    mixing_alpha: float = Field(
+        default=0.5,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="alpha: the merged fragment is alpha x local + (1 - alpha) x global "
+        "(0 = take the global values, as plain DiLoCo does).",
+    )
+    groups: list[list[str]] | None = Field(
+        default=None,
+        description="Explicit fragments in sync order, as lists of tensor-name patterns "
+        "(fnmatch); every tensor must match exactly one. null = the model's tensors in "
+        "order, cut into P runs of near-equal bytes.",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether rounds are Streaming DiLoCo rounds."""
+        return self.fragments > 0 or self.groups is not None
+
+    @property
+    def count(self) -> int:
+        """P (the explicit groups' count when given)."""
+        return len(self.groups) if self.groups is not None else self.fragments
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StreamingConfig:
+        if self.groups is not None:
+            if not self.groups or any(not group for group in self.groups):
+                raise ValueError("groups must be non-empty lists of tensor-name patterns")
+            if self.fragments not in (0, len(self.groups)):
+                raise ValueError(
+                    f"fragments {self.fragments} but {len(self.groups)} groups are given; "
+                    "leave fragments out or make them equal"
+                )
         return self

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -128,6 +128,53 @@ class DurableUploads:
                 version,
             )
         return [ResumedUpdate(r, self._loader(r)) for r in usable]
+
+    def buffered(self) -> list[ResumedUpdate]:
+        """FedBuff: every staged update no committed version has used, oldest first.
+
+        A buffered run's updates belong to no one round: one handed out for version v
+        may arrive after v was applied and go into a later buffer, and extra arrivals
+        wait for the next one. So nothing is cleared by round here: only updates whose
+        participation a committed version recorded (killed before their rows were
+        cleared) are dropped, with their files. The engine judges each one's staleness.
+        """
+
+        def read(session: Session) -> tuple[list[StagedUpdateRecord], list[StagedUpdateRecord]]:
+            everything = queries.staged_updates(session, self._run_id)
+            used = queries.consumed_tasks(session, self._run_id)
+            queries.clear_staged_tasks(session, self._run_id, used)
+            return [r for r in everything if r.task_id not in used], [
+                r for r in everything if r.task_id in used
+            ]
+
+        usable, used = self._db.transact(read)
+        self._delete_unused_files(used, usable)
+        return [ResumedUpdate(r, self._loader(r)) for r in usable]
+
+    def clear_tasks(self, task_ids: Collection[int]) -> None:
+        """These tasks' staged updates were folded into a version or refused: drop them."""
+        wanted = set(task_ids)
+        if not wanted:
+            return
+
+        def clear(session: Session) -> tuple[list[StagedUpdateRecord], list[StagedUpdateRecord]]:
+            everything = queries.staged_updates(session, self._run_id)
+            queries.clear_staged_tasks(session, self._run_id, wanted)
+            return [r for r in everything if r.task_id in wanted], [
+                r for r in everything if r.task_id not in wanted
+            ]
+
+        gone, kept = self._db.transact(clear)
+        self._delete_unused_files(gone, kept)
+
+    def _delete_unused_files(
+        self, gone: list[StagedUpdateRecord], kept: list[StagedUpdateRecord]
+    ) -> None:
+        """Delete the files of ``gone`` that no row in ``kept`` still names (content-addressed)."""
+        still_used = {r.file.sha256 for r in kept}
+        for record in gone:
+            if record.file.sha256 not in still_used:
+                self._files.delete(record.file)
 
     def _loader(self, record: StagedUpdateRecord) -> Callable[[], Weights]:
         def load() -> Weights:

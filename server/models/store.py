@@ -11,6 +11,13 @@ is known exactly on both sides.  What compression dropped stays in
 ``x_v - view_v`` and is sent with the next difference (error feedback on the
 downlink).  A client without ``view_{v-1}`` receives ``view_v`` whole and exact.
 Memory: O(model) per live version and track.
+
+With ``changed_only`` (Streaming DiLoCo, where a round changes one fragment of the
+model) a client that holds ``v-1`` receives only the tensors that changed between
+``v-1`` and ``v``, on every track: on the uncompressed one their exact values, on a
+compressed one their compressed differences (an unchanged tensor keeps its view, so
+what compression dropped waits for the tensor's next change). The client keeps the other
+tensors of its copy (:meth:`geofl.client.connection.Connection.download`).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class _Track:
 
     view: Weights
     difference: dict[str, Tensorish] | None
+    #: The version's exact weights, kept with ``changed_only`` to find what the next changed.
+    exact: WeightsView | None = None
     encoded: dict[bool, asyncio.Future[Broadcast]] = field(default_factory=dict)
 
 
@@ -63,8 +72,10 @@ class ModelStore:
         tracks: tuple[Chain, ...] = ((),),
         min_bytes: int = 0,
         seed: int = 0,
+        changed_only: bool = False,
     ) -> None:
         self._chunk_bytes = chunk_bytes
+        self._changed_only = changed_only
         self.tracks = tuple(dict.fromkeys(tracks)) or ((),)
         self._min_bytes = min_bytes
         self._seed = seed
@@ -73,35 +84,61 @@ class ModelStore:
     def put(self, version: int, weights: WeightsView) -> None:
         """Publish ``weights`` as ``version`` on every downlink track."""
         previous = self._tracks.get(version - 1, {})
+        unchanged = self._unchanged(weights, previous)
         self._tracks[version] = {
-            chain: self._track(version, weights, chain, previous.get(chain))
+            chain: self._track(version, weights, chain, previous.get(chain), unchanged)
             for chain in self.tracks
         }
+
+    def _unchanged(self, weights: WeightsView, previous: Mapping[Chain, _Track]) -> frozenset[str]:
+        """With ``changed_only``: the tensors equal to the previous version's."""
+        before = next(iter(previous.values())).exact if previous else None
+        if not self._changed_only or before is None:
+            return frozenset()
+        return frozenset(
+            name
+            for name, value in weights.items()
+            if name in before and np.array_equal(value, before[name])
+        )
 
     async def publish(self, version: int, weights: WeightsView) -> None:
         """:meth:`put` in a worker thread (compressing a large model takes a while)."""
         await asyncio.to_thread(self.put, version, weights)
 
     def _track(
-        self, version: int, weights: WeightsView, chain: Chain, base: _Track | None
+        self,
+        version: int,
+        weights: WeightsView,
+        chain: Chain,
+        base: _Track | None,
+        unchanged: frozenset[str],
     ) -> _Track:
-        if not chain or base is None:
-            return _Track(dict(weights), None)
+        exact = weights if self._changed_only else None
+        if base is None or (not chain and not self._changed_only):
+            return _Track(dict(weights), None, exact)
+        if not chain:  # changed_only: the changed tensors' exact values replace the client's
+            changed: dict[str, Tensorish] = {
+                name: value for name, value in weights.items() if name not in unchanged
+            }
+            return _Track(dict(weights), changed, exact)
         rules = CompressionRules(chain, self._min_bytes)
         view: Weights = {}
         difference: dict[str, Tensorish] = {}
-        for index, (name, exact) in enumerate(weights.items()):
-            steps = chain_for(name, exact.nbytes, rules, dtype=exact.dtype.name)
-            if not steps:
-                view[name] = difference[name] = exact
+        for index, (name, value) in enumerate(weights.items()):
+            if name in unchanged:  # the client's copy stays as it is, and so does the view
+                view[name] = base.view[name]
                 continue
-            delta = np.subtract(exact, base.view[name], dtype=exact.dtype)
+            steps = chain_for(name, value.nbytes, rules, dtype=value.dtype.name)
+            if not steps:
+                view[name] = difference[name] = value
+                continue
+            delta = np.subtract(value, base.view[name], dtype=value.dtype)
             seed = (self._seed * 1_000_003 + version) * 65_537 + index
             payload = encode_tensor(delta, steps, seed=seed)
-            decoded = decode_tensor(payload, steps, exact.dtype.name, exact.shape)
-            view[name] = np.add(base.view[name], decoded, dtype=exact.dtype)
-            difference[name] = EncodedTensor(payload, steps, exact.dtype.name, exact.shape, True)
-        return _Track(view, difference)
+            decoded = decode_tensor(payload, steps, value.dtype.name, value.shape)
+            view[name] = np.add(base.view[name], decoded, dtype=value.dtype)
+            difference[name] = EncodedTensor(payload, steps, value.dtype.name, value.shape, True)
+        return _Track(view, difference, exact)
 
     def drop(self, version: int) -> None:
         """Forget ``version`` (no client will be asked for it again)."""
@@ -127,7 +164,7 @@ class ModelStore:
         difference = track.difference is not None and base == version - 1
         pending = track.encoded.get(difference)
         if pending is None:
-            items = track.difference if difference and track.difference else track.view
+            items = track.difference if difference and track.difference is not None else track.view
             size = model_bytes(spec_of(track.view))
             pending = asyncio.ensure_future(
                 asyncio.to_thread(self._encode, items, size, difference)

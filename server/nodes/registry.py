@@ -197,19 +197,42 @@ class Registry:
     ) -> str:
         """Register a (re)joined node; an older session of the same node is replaced.
 
-        An authenticated session (``identity``) is bound to the connection ``peer``.
+        An authenticated session (``identity``) is bound to the connection ``peer``. The
+        old session's open task goes to the new one (see :meth:`_carry_over`).
         """
-        old = self._by_id.pop(node_id, None)
-        if old is not None:
-            self._by_token.pop(old.token, None)
-            self._drop_current(old, "node re-joined")
         token = secrets.token_urlsafe(24)
         session = NodeSession(node_id, name, region, config, token, self.clock.monotonic())
         session.identity, session.peer = identity, peer
+        old = self._by_id.pop(node_id, None)
+        if old is not None:
+            self._by_token.pop(old.token, None)
+            self._carry_over(old, session)
         self._by_token[token] = session
         self._by_id[node_id] = session
         self.changes.notify()
         return token
+
+    def _carry_over(self, old: NodeSession, new: NodeSession) -> None:
+        """Give the re-joined node its open task again instead of dropping it.
+
+        A node re-joins when it could not reach the server for a while, e.g. its long
+        poll timed out while the coordinator waited out a database outage; the task may
+        have been handed to the old session in the meantime without the node ever
+        hearing of it. A task whose upload has not started goes to the new session's
+        mailbox (the node is sent it again); one being uploaded stays with the node,
+        and the upload settles it.
+        """
+        task = old.current
+        old.current = None
+        if task is None or task.future.done():
+            return
+        new.current = task
+        if task.attempts:
+            return
+        if self._simulated is not None:
+            self._simulated.deliver(new, task)
+        else:
+            new.mailbox.put_nowait(task)
 
     def session(self, token: str | None, peer: str | None = None) -> NodeSession:
         """The live session for ``token``; touching it counts as a heartbeat.

@@ -21,12 +21,13 @@ import functools
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from geofl.server.privacy.errors import PrivacyError
 
 __all__ = [
     "INSTALL_HINT",
+    "AccountedMechanism",
     "RoundMechanism",
     "Sampling",
     "calibrate_noise",
@@ -51,6 +52,22 @@ def load_dp_accounting() -> ModuleType:
         raise PrivacyError(
             f"privacy needs Google's dp-accounting package ({exc}): {INSTALL_HINT}"
         ) from exc
+
+
+class AccountedMechanism(Protocol):
+    """One round of a DP mechanism as the accountant sees it: central
+    (:class:`RoundMechanism`) or distributed
+    (:class:`~geofl.server.privacy.distributed.DistributedMechanism`)."""
+
+    @property
+    def noise_multiplier(self) -> float:
+        """``z``: the noise std on the sum divided by the clip norm."""
+
+    def event(self, rounds: int) -> Any:
+        """The ``dp_accounting`` event of ``rounds`` rounds."""
+
+    def accountant(self) -> Any:
+        """A fresh accountant under the mechanism's neighbouring relation."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,7 @@ class RoundMechanism:
         return dp.rdp.RdpAccountant(neighboring_relation=relation)
 
 
-def epsilon(mechanism: RoundMechanism, rounds: int, delta: float) -> float:
+def epsilon(mechanism: AccountedMechanism, rounds: int, delta: float) -> float:
     """ε at ``delta`` after ``rounds`` rounds of ``mechanism`` (0 for no round)."""
     if rounds < 0:
         raise PrivacyError(f"rounds must be >= 0, got {rounds}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
-from geofl.server.privacy.accounting import RoundMechanism, epsilon
+from geofl.server.privacy.accounting import AccountedMechanism, epsilon
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import RoundRecord
 
@@ -30,7 +30,7 @@ class PrivacyLedger:
         ``privacy.target_epsilon``, or None for no budget.
     """
 
-    def __init__(self, mechanism: RoundMechanism, delta: float, target: float | None) -> None:
+    def __init__(self, mechanism: AccountedMechanism, delta: float, target: float | None) -> None:
         self.mechanism = mechanism
         self.delta = delta
         self.target = target

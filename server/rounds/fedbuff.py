@@ -52,7 +52,8 @@ from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.nodes.outcomes import Outcome, OutcomeStatus
+from geofl.server.models.staging import ResumedUpdate, resumed_task
+from geofl.server.nodes.outcomes import DeltaUpdate, Outcome, OutcomeStatus
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
 from geofl.server.rounds.evaluation import Evaluation
 from geofl.server.rounds.parts import EngineParts
@@ -73,6 +74,7 @@ from geofl.server.rounds.tasks import (
     weight_of,
 )
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
+from geofl.storage import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,8 @@ class FedBuffEngine:
         self._finished_groups: list[asyncio.Task[_GroupSum]] = []
         self._reserved: set[int] = set()
         self._group_ids = itertools.count(1)
+        #: Updates accepted before a restart, oldest first: they fill the first buffers.
+        self._staged: list[ResumedUpdate] = list(parts.resumed)
         if parts.secure is not None:
             self._check_secure_groups()
 
@@ -274,6 +278,8 @@ class FedBuffEngine:
     async def _fill_buffer(self) -> None:
         """Keep clients busy until the buffer holds K updates (or one group's sum)."""
         assert self._buffer is not None
+        while self._staged and not self._buffer.complete:
+            await self._refold(self._staged.pop(0))
         while not self._buffer.complete:
             self._runner.forget_changes()
             self._parts.registry.expire()
@@ -421,6 +427,31 @@ class FedBuffEngine:
             buffer.results.append(outcome)
             buffer.complete = len(buffer.results) >= self._k
         return outcome
+
+    async def _refold(self, update: ResumedUpdate) -> None:
+        """Take in an update accepted before the restart as if it had just arrived.
+
+        Its file's digest is checked first (a corrupt one is a rejected participation);
+        its staleness counts from the version it trained on, like any arrival's. It keeps
+        its task id, so its participation is the one its node earned before the restart.
+        Its node is idle and may be given new work: that is a new task, not this one again.
+        """
+        task, outcome = resumed_task(update, asyncio.get_running_loop())
+        try:
+            tensors = await asyncio.to_thread(update.load)
+        except CheckpointCorruptError as exc:
+            outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
+        else:
+            outcome.payload = DeltaUpdate(tensors)
+            outcome = await self._admit(task, outcome)
+        self._record.outcomes.append((task, outcome))
+        self._observer.task_settled(self._record.number, task, outcome)
+        log.info(
+            "version %d: update of node %d staged before the restart taken in again (%s)",
+            self._record.number,
+            task.node_id,
+            outcome.status,
+        )
 
     def _too_stale(self, staleness: int) -> str:
         return (

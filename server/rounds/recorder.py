@@ -15,6 +15,7 @@ from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import TaskRecord
 from geofl.server.rounds.observers import RoundObserver
 from geofl.server.rounds.records import Phase, RoundRecord
+from geofl.server.rounds.writer import InlineWriter, Writer
 from geofl.server.scheduling.measurements import LinkEstimate
 from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
 
@@ -23,14 +24,16 @@ def _utc(unix_s: float | None) -> dt.datetime | None:
     return None if unix_s is None else dt.datetime.fromtimestamp(unix_s, dt.UTC)
 
 
-def _write_pending(session: Session, pending: Sequence[tuple[int, dict[str, Any]]]) -> None:
-    """Record the waiting participations, grouped by round (a retried unit writes them again:
-    rows are keyed by task and attempt, so nothing is doubled)."""
+def _write_pending(
+    session: Session, round_ids: dict[int, int], pending: Sequence[tuple[int, dict[str, Any]]]
+) -> None:
+    """Record the waiting participations, grouped by round number (a retried unit writes
+    them again: rows are keyed by task and attempt, so nothing is doubled)."""
     by_round: dict[int, list[dict[str, Any]]] = {}
-    for round_id, values in pending:
-        by_round.setdefault(round_id, []).append(values)
-    for round_id, rows in by_round.items():
-        queries.record_participations(session, round_id, rows)
+    for number, values in pending:
+        by_round.setdefault(number, []).append(values)
+    for number, rows in by_round.items():
+        queries.record_participations(session, round_ids[number], rows)
 
 
 class DatabaseRecorder(RoundObserver):
@@ -44,14 +47,21 @@ class DatabaseRecorder(RoundObserver):
         keep: int | None = None,
         clock: Clock = WALL_CLOCK,
         epsilon_after: Callable[[int], float] | None = None,
+        writer: Writer | None = None,
     ) -> None:
         """``epsilon_after(n)``: the privacy spent after round ``n``, recorded with its
-        commit in the same transaction (None: the run has no privacy accounting)."""
+        commit in the same transaction (None: the run has no privacy accounting).
+
+        ``writer`` runs the database work (:mod:`geofl.server.rounds.writer`; None: at
+        once, on the caller's thread). With a :class:`SerialWriter` the round ids are
+        only known on its thread, so every unit of work looks them up there.
+        """
+        self._writer = writer if writer is not None else InlineWriter()
         self._clock = clock
         self._epsilon_after = epsilon_after
-        #: Participations wait here and are written in one transaction at the next phase
-        #: change, commit or failure: a thousand clients settling in a round would
-        #: otherwise be a thousand transactions on the event loop.
+        #: Participations (round number, row) wait here and are written in one
+        #: transaction at the next phase change, commit or failure: a thousand clients
+        #: settling in a round would otherwise be a thousand transactions.
         self._pending: list[tuple[int, dict[str, Any]]] = []
         self._db = db
         self._store = store
@@ -65,15 +75,23 @@ class DatabaseRecorder(RoundObserver):
         def start(session: Session) -> int:
             return queries.start_round(session, self._run_id, number, cohort_target, now=now).id
 
-        self._round_ids[number] = self._db.transact(start)
+        def write() -> None:
+            self._round_ids[number] = self._db.transact(start)
+
+        self._writer.submit(write)
+
+    def _take_pending(self) -> list[tuple[int, dict[str, Any]]]:
+        """The participations waiting so far (handed to one unit of work)."""
+        pending, self._pending = self._pending, []
+        return pending
 
     def phase(self, number: int, phase: Phase, seconds_in_previous: float | None) -> None:
         if phase is Phase.FAILED:
             return
-        pending = self._pending
+        pending = self._take_pending()
 
         def write(session: Session) -> None:
-            _write_pending(session, pending)
+            _write_pending(session, self._round_ids, pending)
             queries.set_round_phase(
                 session,
                 self._round_ids[number],
@@ -81,8 +99,7 @@ class DatabaseRecorder(RoundObserver):
                 seconds_in_previous_phase=seconds_in_previous,
             )
 
-        self._db.transact(write)
-        self._pending = self._pending[len(pending) :]
+        self._writer.submit(lambda: self._db.transact(write))
 
     def task_settled(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         finished = _utc(task.settled_at) or self._clock.now()
@@ -105,7 +122,7 @@ class DatabaseRecorder(RoundObserver):
             started_at=started,
             finished_at=finished,
         )
-        self._pending.append((self._round_ids[number], values))
+        self._pending.append((number, values))
 
     def task_revised(self, number: int, task: TaskRecord, outcome: Outcome) -> None:
         """Write the participation again: rows are keyed by task and attempt, so the
@@ -121,10 +138,10 @@ class DatabaseRecorder(RoundObserver):
         spent = None
         if self._epsilon_after is not None:  # ~0.2 s with sampling: off the event loop
             spent = await asyncio.to_thread(self._epsilon_after, record.number)
-        pending, now = self._pending, self._clock.now()
+        pending, now = self._take_pending(), self._clock.now()
 
         def commit(session: Session) -> None:
-            _write_pending(session, pending)
+            _write_pending(session, self._round_ids, pending)
             queries.commit_round(
                 session,
                 self._round_ids[record.number],
@@ -139,30 +156,39 @@ class DatabaseRecorder(RoundObserver):
                 now=now,
             )
 
-        self._db.transact(commit)
-        self._pending = self._pending[len(pending) :]
+        await self._writer.call(lambda: self._db.transact(commit))
         if self._keep is not None:
-            await asyncio.to_thread(self._prune, self._keep)
+            keep = self._keep
+            await self._writer.call(lambda: self._prune(keep))
 
     def plan(self, number: int, message: str, data: dict[str, Any]) -> None:
         now = self._clock.now()
-        self._db.transact(
-            lambda session: queries.add_event(
-                session,
-                "round.plan",
-                message,
-                run_id=self._run_id,
-                round=number,
-                data=data,
-                now=now,
+        self._writer.submit(
+            lambda: self._db.transact(
+                lambda session: queries.add_event(
+                    session,
+                    "round.plan",
+                    message,
+                    run_id=self._run_id,
+                    round=number,
+                    data=data,
+                    now=now,
+                )
             )
         )
 
     def measurements(self, number: int, estimates: Sequence[LinkEstimate]) -> None:
-        if not estimates or number not in self._round_ids:
+        if not estimates:
             return
-        round_id = self._round_ids[number]
-        self._db.transact(lambda session: queries.record_measurements(session, round_id, estimates))
+
+        def write() -> None:
+            round_id = self._round_ids.get(number)
+            if round_id is not None:
+                self._db.transact(
+                    lambda session: queries.record_measurements(session, round_id, estimates)
+                )
+
+        self._writer.submit(write)
 
     def _prune(self, keep: int) -> None:
         """Delete checkpoint files beyond the newest ``keep`` (rows stay as history)."""
@@ -177,15 +203,13 @@ class DatabaseRecorder(RoundObserver):
                 self._store.delete(record)
 
     def round_failed(self, record: RoundRecord, reason: str) -> None:
-        pending, now = self._pending, self._clock.now()
-        round_id = self._round_ids[record.number]
+        pending, now = self._take_pending(), self._clock.now()
 
         def fail(session: Session) -> None:
-            _write_pending(session, pending)
-            queries.fail_round(session, round_id, reason, now=now)
+            _write_pending(session, self._round_ids, pending)
+            queries.fail_round(session, self._round_ids[record.number], reason, now=now)
 
-        self._db.transact(fail)
-        self._pending = self._pending[len(pending) :]
+        self._writer.submit(lambda: self._db.transact(fail))
 
 
 __all__ = ["DatabaseRecorder"]

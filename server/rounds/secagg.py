@@ -260,6 +260,12 @@ class SecAggServer:
 
     def finish(self) -> npt.NDArray[np.float64]:
         """The float64 sum of the survivors' clipped vectors, masks removed and decoded."""
+        total = self.finish_ring()
+        return self.params.quantizer().decode_sum(total, len(self._survivors))
+
+    def finish_ring(self) -> RingArray:
+        """The survivors' sum in the ring, masks removed (for an encoding of the caller's,
+        such as distributed DP's)."""
         self._require(SecAggStage.UNMASK, "finish")
         revealers = frozenset(self._reveals)
         self._require_clients(SecAggStage.UNMASK, len(revealers))
@@ -282,7 +288,7 @@ class SecAggServer:
         ring_reduce(total, bits)
         self._stage = None
         self._outcome = "finished"
-        return self.params.quantizer().decode_sum(total, len(self._survivors))
+        return total
 
     def _reconstruct(self, owner: int, holders: frozenset[int]) -> bytes:
         """``owner``'s seed or mask private key from the revealed shares (32 bytes)."""

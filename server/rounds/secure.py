@@ -26,10 +26,13 @@ from typing import TYPE_CHECKING, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from geofl.protocols.ddp import DistributedDpError, DistributedDpParams
 from geofl.protocols.secagg import (
     PublicKeys,
+    SecAggAbortError,
     SecAggError,
     SecAggParams,
+    SecAggStage,
     graph_degree,
     recommended_degree,
 )
@@ -47,6 +50,7 @@ if TYPE_CHECKING:
     from geofl.server.config import SecureAggregationConfig
 
 __all__ = [
+    "DistributedDpSettings",
     "SecureRound",
     "SecureSettings",
     "StageTasks",
@@ -57,6 +61,38 @@ __all__ = [
     "round_params",
     "setup_to_proto",
 ]
+
+
+@dataclass(frozen=True)
+class DistributedDpSettings:
+    """Distributed DP's per-run parameters (planned by
+    :class:`~geofl.server.privacy.distributed.DistributedMechanism`).
+
+    ``denominator`` is the fixed public number the noised sum is divided by
+    (``clients_per_round``): dividing by the survivors would make the mean's scale depend
+    on who took part.
+    """
+
+    clip_norm: float
+    granularity: float
+    noise_stddev: float
+    rounding_bound: float
+    dimension: int
+    min_survivors: int
+    denominator: int
+
+    def round_params(self, ring_bits: int) -> DistributedDpParams:
+        """One round's parameters, with a fresh public rotation seed."""
+        return DistributedDpParams(
+            clip_norm=self.clip_norm,
+            granularity=self.granularity,
+            noise_stddev=self.noise_stddev,
+            rounding_bound=self.rounding_bound,
+            dimension=self.dimension,
+            rotation_seed=os.urandom(32),
+            ring_bits=ring_bits,
+            min_survivors=self.min_survivors,
+        )
 
 
 @dataclass(frozen=True)
@@ -72,10 +108,17 @@ class SecureSettings:
     stage_deadline_s: float
     low_rank: int = 0
     low_rank_min_elements: int = 0
+    ddp: DistributedDpSettings | None = None
 
     @classmethod
-    def from_config(cls, secure: SecureAggregationConfig, run_id: int) -> SecureSettings | None:
-        """The section's settings, bound to ``run_id`` (None: plain rounds)."""
+    def from_config(
+        cls,
+        secure: SecureAggregationConfig,
+        run_id: int,
+        ddp: DistributedDpSettings | None = None,
+    ) -> SecureSettings | None:
+        """The section's settings, bound to ``run_id`` (None: plain rounds); ``ddp``: the
+        run's distributed DP, if any."""
         if not secure.enabled:
             return None
         return cls(
@@ -88,6 +131,7 @@ class SecureSettings:
             stage_deadline_s=secure.stage_deadline_s,
             low_rank=secure.low_rank.rank if secure.low_rank else 0,
             low_rank_min_elements=secure.low_rank.min_elements if secure.low_rank else 0,
+            ddp=ddp,
         )
 
 
@@ -125,7 +169,9 @@ class SecureRound:
         spec: ModelSpec,
     ) -> None:
         self.params = round_params(settings, round_id, [s.node_id for s in cohort])
-        self.setup = setup_to_proto(self.params, settings)
+        self._ddp = settings.ddp
+        self.ddp = settings.ddp.round_params(settings.ring_bits) if settings.ddp else None
+        self.setup = setup_to_proto(self.params, settings, self.ddp)
         self._server = SecAggServer(self.params)
         self._cohort = list(cohort)
         self._by_id = {s.node_id: s for s in cohort}
@@ -171,6 +217,7 @@ class SecureRound:
             self._take_masked,
         )
         survivors, dropped = server.close_masking()
+        self._require_noise(survivors)
         enter(Phase.UNMASK)
         reveal = pb.SecAggTask(setup=setup, survivors=sorted(survivors), dropped=sorted(dropped))
         await stage(
@@ -179,8 +226,31 @@ class SecureRound:
             lambda s: reveal,
             _stage_take("unmask", lambda n, r: server.add_reveal(n, dict(r.revealed))),
         )
-        total = await asyncio.to_thread(server.finish)
-        return mean_of_sum(total, self._spec, setup)
+        if self.ddp is None:
+            total = await asyncio.to_thread(server.finish)
+            return mean_of_sum(total, self._spec, setup)
+        ring = await asyncio.to_thread(server.finish_ring)
+        return self._noised_mean(ring), float(len(survivors))
+
+    def _require_noise(self, survivors: frozenset[int]) -> None:
+        """Abort before unmasking a sum that carries less noise than distributed DP planned."""
+        if self._ddp is not None and len(survivors) < self._ddp.min_survivors:
+            raise SecAggAbortError(
+                SecAggStage.MASK,
+                f"run {self.params.run_id}, round {self.params.round}, stage mask: "
+                f"{len(survivors)} survivors, fewer than privacy.min_survivors "
+                f"{self._ddp.min_survivors} whose noise distributed DP accounts for",
+            )
+
+    def _noised_mean(self, ring: npt.NDArray[np.unsignedinteger]) -> Weights:
+        """The decoded noised sum divided by the fixed public denominator, per tensor."""
+        assert self.ddp is not None and self._ddp is not None
+        try:
+            total = self.ddp.decode_sum(ring)
+        except DistributedDpError as exc:
+            raise SecAggError(f"distributed DP: {exc}") from exc
+        total /= self._ddp.denominator
+        return split_flat(total, self._spec)
 
     async def _take_masked(self, task: TaskRecord, outcome: Outcome) -> Outcome:
         payload, outcome.payload = outcome.payload, None
@@ -232,9 +302,12 @@ def round_params(settings: SecureSettings, number: int, cohort: list[int]) -> Se
     )
 
 
-def setup_to_proto(params: SecAggParams, settings: SecureSettings) -> pb.SecAggSetup:
+def setup_to_proto(
+    params: SecAggParams, settings: SecureSettings, ddp: DistributedDpParams | None = None
+) -> pb.SecAggSetup:
     """The parameters as every stage task carries them."""
     return pb.SecAggSetup(
+        ddp=ddp_to_proto(ddp) if ddp is not None else None,
         cohort=list(params.cohort),
         threshold=params.threshold,
         degree=params.degree,
@@ -245,6 +318,30 @@ def setup_to_proto(params: SecAggParams, settings: SecureSettings) -> pb.SecAggS
         low_rank=settings.low_rank,
         low_rank_min_elements=settings.low_rank_min_elements,
     )
+
+
+def ddp_to_proto(ddp: DistributedDpParams) -> pb.DistributedDp:
+    """Distributed DP's round parameters on the wire (the ring's bits travel in the setup)."""
+    return pb.DistributedDp(
+        clip_norm=ddp.clip_norm,
+        granularity=ddp.granularity,
+        noise_stddev=ddp.noise_stddev,
+        rounding_bound=ddp.rounding_bound,
+        dimension=ddp.dimension,
+        rotation_seed=ddp.rotation_seed,
+        min_survivors=ddp.min_survivors,
+    )
+
+
+def split_flat(flat: npt.NDArray[np.float64], spec: ModelSpec) -> Weights:
+    """A flat vector in model order, as one array per tensor."""
+    out: Weights = {}
+    offset = 0
+    for tensor in spec:
+        size = int(np.prod(tensor.shape, dtype=np.int64))
+        out[tensor.name] = flat[offset : offset + size].reshape(tensor.shape)
+        offset += size
+    return out
 
 
 def keys_to_proto(keys: PublicKeys) -> pb.PublicKeys:

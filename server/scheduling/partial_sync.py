@@ -40,12 +40,19 @@ class PartialSyncError(GeoflError, ValueError):
     """A partial-sync schedule that cannot work for this model."""
 
 
-def balanced_groups(spec: ModelSpec, points: int, drift: Mapping[str, float]) -> Groups:
+def balanced_groups(
+    spec: ModelSpec,
+    points: int,
+    drift: Mapping[str, float],
+    setting: str = "schedule.partial_sync.sync_points",
+) -> Groups:
     """``points`` groups of near-equal bytes, least-drifting tensors first.
 
     Tensors are ordered by drift (unknown drift counts as 0; ties keep model order) and
     the order is cut greedily: a group closes once it reaches its fair share of the bytes
-    still unassigned, and never takes tensors the remaining groups need.
+    still unassigned, and never takes tensors the remaining groups need. With no drift
+    the groups are consecutive runs of the model's tensors. ``setting`` names the
+    configuration key an error message points to.
 
     Raises
     ------
@@ -57,7 +64,7 @@ def balanced_groups(spec: ModelSpec, points: int, drift: Mapping[str, float]) ->
     if len(spec) < points:
         raise PartialSyncError(
             f"the model has {len(spec)} tensors, too few for {points} sync groups; "
-            f"set schedule.partial_sync.sync_points to at most {len(spec)}"
+            f"set {setting} to at most {len(spec)}"
         )
     order = sorted(range(len(spec)), key=lambda i: (drift.get(spec[i].name, 0.0), i))
     remaining_bytes = sum(t.nbytes for t in spec)
@@ -80,8 +87,14 @@ def balanced_groups(spec: ModelSpec, points: int, drift: Mapping[str, float]) ->
     return tuple(groups)
 
 
-def resolve_groups(spec: ModelSpec, patterns: Sequence[Sequence[str]]) -> Groups:
+def resolve_groups(
+    spec: ModelSpec,
+    patterns: Sequence[Sequence[str]],
+    setting: str = "schedule.partial_sync.groups",
+) -> Groups:
     """Explicit groups of name patterns, resolved against the model's tensors.
+
+    ``setting`` names the configuration key an error message points to.
 
     Raises
     ------
@@ -96,20 +109,20 @@ def resolve_groups(spec: ModelSpec, patterns: Sequence[Sequence[str]]) -> Groups
             matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
             if not matched:
                 raise PartialSyncError(
-                    f"schedule.partial_sync.groups[{index}]: pattern {pattern!r} matches no "
+                    f"{setting}[{index}]: pattern {pattern!r} matches no "
                     f"tensor of the model (tensors: {names})"
                 )
             for name in matched:
                 if owner.get(name, index) != index:
                     raise PartialSyncError(
-                        f"schedule.partial_sync.groups: tensor {name!r} matches groups "
+                        f"{setting}: tensor {name!r} matches groups "
                         f"{owner[name]} and {index}; each tensor is synced once per round"
                     )
                 owner[name] = index
     never = [name for name in names if name not in owner]
     if never:
         raise PartialSyncError(
-            f"schedule.partial_sync.groups never synchronizes tensors {never}: add them "
+            f"{setting} never synchronizes tensors {never}: add them "
             "to a group (or leave groups out to have them planned)"
         )
     return tuple(

@@ -13,7 +13,9 @@ coroutine that lives on the simulated clock:
    servicer applies (:mod:`geofl.server.nodes.updates`) and its compressed tensors are
    decoded, so an update that does not decode is refused on arrival. In a partially synchronized
    round the layer groups are sent as their segments of training end, overlapping the
-   rest of the training (:func:`overlapped_upload`).
+   rest of the training, and a Streaming DiLoCo round's fragment is sent ``tau`` steps
+   before its training ends (:func:`upload_timeline`; the fleet's stats count how much
+   of the sending was hidden behind training).
 
 A client whose availability window closes mid-task is dropped at that moment; a result
 that arrives after the deadline is late. Training starts in a worker as soon as the task
@@ -34,20 +36,22 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from geofl.protocols import partial_sync
+from geofl.protocols import streaming
 from geofl.protocols.codecs import Chain, CodecError, decode_tensor
 from geofl.protocols.compression import UploadPlan
-from geofl.protocols.errors import WireError
+from geofl.protocols.errors import GeoflError, WireError
 from geofl.protocols.tensors import ModelSpec
 from geofl.protocols.types import Scalar
 from geofl.server.config.compression import CompressionConfig
 from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import Clock
-from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
+from geofl.server.nodes.fragments import pad_to_model
+from geofl.server.nodes.outcomes import DeltaUpdate, MaskedVector, Outcome
 from geofl.server.nodes.registry import NodeSession, Registry, TaskRecord
 from geofl.server.nodes.updates import check_fit
 from geofl.server.simulation.backends import Backend
 from geofl.server.simulation.links import ClientLink
+from geofl.server.simulation.secure_clients import SECURE_STAGES, VirtualSecureClients
 from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.virtual_loop import real_work
 from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, UploadedTensor
@@ -74,10 +78,21 @@ class FleetStats:
     jobs: int = 0
     skipped: int = 0
     cpu_s: float = 0.0
+    #: Overlapped fits (partial sync, streaming): simulated seconds of training, of the
+    #: uplink busy, and of the uplink busy while training went on (hidden).
+    overlapped_compute_s: float = 0.0
+    overlapped_sending_s: float = 0.0
+    hidden_sending_s: float = 0.0
 
     def add(self, region: str, up: int, down: int) -> None:
         self.bytes_up[region] = self.bytes_up.get(region, 0) + up
         self.bytes_down[region] = self.bytes_down.get(region, 0) + down
+
+    def overlap(self, timeline: UploadTimeline) -> None:
+        """Count one overlapped fit's training and sending intervals."""
+        self.overlapped_compute_s += timeline.compute_s
+        self.overlapped_sending_s += timeline.sending_s
+        self.hidden_sending_s += timeline.hidden_s
 
 
 class VirtualUpdate(Mapping[str, npt.NDArray[np.generic]]):
@@ -181,6 +196,7 @@ class VirtualFleet:
         self._position = {link.client: position for position, link in enumerate(links)}
         self._held = np.full(len(links), -1, dtype=np.int64)
         self._in_flight = InFlight()
+        self._secure = VirtualSecureClients(run_id, spec)
         regions = dict.fromkeys(link.region for link in links)
         self.stats = FleetStats(dict.fromkeys(regions, 0), dict.fromkeys(regions, 0))
 
@@ -219,11 +235,30 @@ class VirtualFleet:
     # ------------------------------------------------------------ tasks
 
     def deliver(self, session: NodeSession, task: TaskRecord) -> None:
-        """Serve ``task`` on the simulated clock (fit and evaluate; other kinds fail)."""
+        """Serve ``task`` on the simulated clock (fit, evaluate and the SecAgg+ stages;
+        other kinds fail)."""
+        who = self._identities[session.node_id]
+        if task.kind in SECURE_STAGES:
+            self._in_flight.start(self._serve_stage(who, task))
+            return
         if task.kind not in ("fit", "evaluate"):
             task.settle(Outcome("failed", f"virtual clients cannot run {task.kind} tasks"))
             return
-        self._in_flight.start(self._serve(self._identities[session.node_id], task))
+        self._in_flight.start(self._serve(who, task))
+
+    async def _serve_stage(self, who: ClientIdentity, task: TaskRecord) -> None:
+        """A key-exchange or unmasking task: one round trip carrying the stage's messages."""
+        link = self._links[self._position[who.index]]
+        task.started_at = self._clock.time()
+        outcome = self._secure.answer(who.node_id, task)
+        down = task.secagg.ByteSize() if task.secagg is not None else 0
+        trip = link.download_s(down, link.sample_jitter_s(self._rng)) + link.upload_s(
+            outcome.bytes_up, link.sample_jitter_s(self._rng)
+        )
+        late = await self._until(self._online_until(who.index), self.now() + trip, _offline(who))
+        if late is None and self._clock.time() > task.deadline:
+            late = Outcome("late", "result arrived after the stage deadline")
+        task.settle(late or outcome)
 
     async def close(self) -> None:
         """Cancel tasks still in flight (the run is over)."""
@@ -282,7 +317,9 @@ class VirtualFleet:
         cost = EVALUATE_COST if task.kind == "evaluate" else 1.0
         jitter_s = link.sample_jitter_s(self._rng)
         if result.groups:
-            compute_s, upload_s = overlapped_upload(link, result.groups, jitter_s)
+            timeline = upload_timeline(link, result.groups, jitter_s)
+            compute_s, upload_s = timeline.compute_s, timeline.exposed_upload_s
+            self.stats.overlap(timeline)
         else:
             compute_s = link.compute_s(result.samples) * cost
             upload_s = link.upload_s(result.payload_bytes, jitter_s)
@@ -329,11 +366,22 @@ class VirtualFleet:
         )
 
     def _upload_order(self, task: TaskRecord) -> ModelSpec:
-        """The model's tensors in the order the client sends them (layer groups in turn)."""
-        if partial_sync.CONFIG_KEY not in task.config:
-            return self._spec
-        groups = partial_sync.groups_of(task.config, [t.name for t in self._spec])
-        return self._spec if groups is None else partial_sync.upload_order(self._spec, groups)
+        """The tensors the client sends, in order (layer groups in turn, a fragment)."""
+        return streaming.expected_upload(self._spec, task.config)
+
+    def _masked_outcome(
+        self, task: TaskRecord, update: VirtualUpdate, result: JobResult, compute_s: float
+    ) -> Outcome:
+        """Mask the update as the client would before sending it (SecAgg+, maybe with
+        distributed DP's noise)."""
+        try:
+            delta = {t.name: update[t.name] for t in self._spec}
+            masked = self._secure.mask(task.node_id, task, delta, result.num_examples)
+        except GeoflError as exc:
+            return Outcome("failed", f"secure aggregation: {exc}")
+        finally:
+            update.close()
+        return _masked_outcome_of(masked, result, compute_s)
 
     def _outcome(self, task: TaskRecord, result: JobResult, compute_s: float) -> Outcome:
         if result.status != "ok":
@@ -354,38 +402,94 @@ class VirtualFleet:
         except WireError as exc:  # what the servicer would refuse, for the same reason
             update.close()
             return Outcome("rejected", str(exc))
-        raw = sum(t.nbytes for t in self._spec)
+        if task.secagg is not None:
+            return self._masked_outcome(task, update, result, compute_s)
+        raw = sum(t.nbytes for t in order)
         return Outcome(
             "ok",
             num_examples=result.num_examples,
             loss=result.loss,
             metrics=result.metrics,
-            payload=DeltaUpdate(update, update.close),
+            payload=DeltaUpdate(pad_to_model(update, self._spec), update.close),
             compute_s=compute_s,
             bytes_up=result.payload_bytes,
             bytes_up_raw=raw,
         )
 
 
-def overlapped_upload(
+def _masked_outcome_of(masked: MaskedVector, result: JobResult, compute_s: float) -> Outcome:
+    """A secure fit's outcome: the masked vector is what travels."""
+    size = int(masked.vector.nbytes)
+    return Outcome(
+        "ok",
+        num_examples=result.num_examples,
+        loss=result.loss,
+        metrics=result.metrics,
+        payload=masked,
+        compute_s=compute_s,
+        bytes_up=size,
+        bytes_up_raw=size,
+    )
+
+
+@dataclass(frozen=True)
+class UploadTimeline:
+    """One overlapped fit on the clock, in seconds from the start of its training.
+
+    The training runs over ``(0, compute_s)``; ``sending`` are the intervals the uplink
+    is busy with each group (its serialization and expected loss stalls), and the last
+    byte arrives at ``arrival_s``.
+    """
+
+    compute_s: float
+    sending: tuple[tuple[float, float], ...]
+    arrival_s: float
+
+    @property
+    def exposed_upload_s(self) -> float:
+        """Seconds from the end of training to the last byte's arrival."""
+        return self.arrival_s - self.compute_s
+
+    @property
+    def hidden_s(self) -> float:
+        """Seconds the uplink was busy while training went on (communication hidden)."""
+        return sum(max(0.0, min(end, self.compute_s) - start) for start, end in self.sending)
+
+    @property
+    def sending_s(self) -> float:
+        """Seconds the uplink was busy in all."""
+        return sum(end - start for start, end in self.sending)
+
+
+def upload_timeline(
     link: ClientLink, groups: Sequence[tuple[int, int]], jitter_s: float = 0.0
-) -> tuple[float, float]:
-    """Compute seconds, and seconds from its end to the last group's arrival (partial sync).
+) -> UploadTimeline:
+    """When an overlapped fit trains and sends (partial sync's groups, a streaming fragment).
 
     Group ``k`` (``(samples, bytes)``) is ready when the samples of groups ``0..k`` are
     trained; one sender puts the groups on the uplink in order, each occupying it for its
     serialization (and expected loss stalls); the last byte arrives ``rtt/2 + jitter``
     after it was sent. With one group this is compute plus :meth:`ClientLink.upload_s`.
     """
-    ready: list[float] = []
     trained = 0.0
-    for samples, _ in groups:
-        trained += link.compute_s(samples)
-        ready.append(trained)
     propagation = link.rtt_s / 2
-    busy = [link.upload_s(nbytes) - propagation for _, nbytes in groups]
-    last_sent = partial_sync.pipelined_upload_end(ready, busy)
-    return trained, last_sent + max(0.0, propagation + jitter_s) - trained
+    sender_free = 0.0
+    sending: list[tuple[float, float]] = []
+    for samples, nbytes in groups:
+        trained += link.compute_s(samples)
+        start = max(sender_free, trained)
+        sender_free = start + link.upload_s(nbytes) - propagation
+        sending.append((start, sender_free))
+    return UploadTimeline(trained, tuple(sending), sender_free + max(0.0, propagation + jitter_s))
+
+
+def overlapped_upload(
+    link: ClientLink, groups: Sequence[tuple[int, int]], jitter_s: float = 0.0
+) -> tuple[float, float]:
+    """Compute seconds, and seconds from its end to the last group's arrival
+    (:func:`upload_timeline`)."""
+    timeline = upload_timeline(link, groups, jitter_s)
+    return timeline.compute_s, timeline.exposed_upload_s
 
 
 def _offline(who: ClientIdentity) -> Outcome:
@@ -401,4 +505,4 @@ def links_for(
     return [plain_link(i, samples_per_s) for i in range(num_clients)]
 
 
-__all__ += ["links_for", "overlapped_upload"]
+__all__ += ["UploadTimeline", "links_for", "overlapped_upload", "upload_timeline"]

@@ -48,12 +48,12 @@ class VirtualRun:
 def virtual_problems(config: RunConfig, source: str) -> list[ConfigProblem]:
     """What the virtual clock cannot simulate in this configuration."""
     problems = []
-    if config.secure_aggregation.enabled:
+    if config.secure_aggregation.enabled and config.simulation.relays:
         problems.append(
             ConfigProblem(
                 source,
                 "secure_aggregation.enabled",
-                "secure aggregation's key-exchange stages are not simulated on the virtual "
+                "secure aggregation with simulation.relays is not simulated on the virtual "
                 "clock yet; use simulation.clock: wall",
             )
         )

@@ -28,8 +28,9 @@ import numpy.typing as npt
 from geofl.client.app import Client, ClientContext, ClientFactory, load_client_app
 from geofl.client.compressor import UploadCompressor
 from geofl.client.partial_sync import LocalProgress, fit_in_segments
+from geofl.client.streaming import StreamingState, fit_streaming
 from geofl.client.work import evaluate_model, fit_update, reported_loss
-from geofl.protocols import partial_sync
+from geofl.protocols import partial_sync, streaming
 from geofl.protocols.codecs import Chain
 from geofl.protocols.compression import UploadPlan
 from geofl.protocols.tensors import Difference, EncodedTensor
@@ -118,7 +119,8 @@ class JobResult:
     samples: int = 0
     #: Real CPU seconds the job took on this machine (for the record, not the clock).
     cpu_s: float = 0.0
-    #: Partial sync: (samples trained, bytes sent) per layer group, in sending order.
+    #: Partial sync: (samples trained, bytes sent) per layer group, in sending order;
+    #: streaming: the fragment's, then the overlap steps' (which send nothing).
     groups: list[tuple[int, int]] = field(default_factory=list)
 
 
@@ -134,6 +136,7 @@ class ClientWorker:
         self._clients: OrderedDict[int, Client] = OrderedDict()
         self._compressors: dict[int, UploadCompressor] = {}
         self._progress: dict[int, LocalProgress] = {}
+        self._streaming: dict[int, StreamingState] = {}
         self._models: dict[ModelKey, Weights] = {}
 
     # ------------------------------------------------------------ models
@@ -167,7 +170,7 @@ class ClientWorker:
         return result
 
     def _fit(self, client: Client, weights: Weights, job: Job) -> JobResult:
-        if partial_sync.CONFIG_KEY in job.config:
+        if partial_sync.CONFIG_KEY in job.config or streaming.is_streaming(job.config):
             return self._fit_in_segments(client, weights, job)
         update = fit_update(client, weights, job.config)
         tensors, payload_bytes = self._encode(job, update.delta)
@@ -182,7 +185,8 @@ class ClientWorker:
         )
 
     def _fit_in_segments(self, client: Client, weights: Weights, job: Job) -> JobResult:
-        """A partially synchronized fit: the groups are encoded as the sender would."""
+        """A partial-sync or streaming fit: what is sent early is encoded as the sender
+        would, and each part's training and bytes are reported for the clock."""
         tensors: dict[str, UploadedTensor] = {}
         sent: list[int] = []
 
@@ -191,12 +195,19 @@ class ClientWorker:
             tensors.update(encoded)
             sent.append(payload_bytes)
 
-        keep = partial_sync.keeps_local(job.config)
-        progress = self._progress.setdefault(job.client.index, LocalProgress()) if keep else None
-        fit = fit_in_segments(
-            client, weights, job.config, send, progress.for_run(job.run_id) if progress else None
-        )
+        if streaming.is_streaming(job.config):
+            state = self._streaming.setdefault(job.client.index, StreamingState())
+            fit = fit_streaming(
+                client, weights, job.config, send, state, run_id=job.run_id, server_round=job.round
+            )
+        else:
+            keep = partial_sync.keeps_local(job.config)
+            progress = self._progress.setdefault(job.client.index, LocalProgress())
+            fit = fit_in_segments(
+                client, weights, job.config, send, progress.for_run(job.run_id) if keep else None
+            )
         samples = [trained_samples(n, metrics, config) for n, metrics, config in fit.segments]
+        sent += [0] * (len(samples) - len(sent))  # streaming: the overlap steps send nothing
         return JobResult(
             "ok",
             num_examples=fit.num_examples,

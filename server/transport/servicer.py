@@ -15,7 +15,7 @@ from typing import cast
 
 import grpc
 
-from geofl.protocols import partial_sync, serde, streams
+from geofl.protocols import partial_sync, serde, streaming, streams
 from geofl.protocols.errors import (
     ErrorCode,
     ForbiddenError,
@@ -48,6 +48,7 @@ from geofl.server.nodes.bounds import (
     error_text,
     poll_timeout,
 )
+from geofl.server.nodes.fragments import pad_to_model
 from geofl.server.nodes.identity import ChallengeBook, JoinCheck, NodeIdentity
 from geofl.server.nodes.outcomes import (
     DeltaUpdate,
@@ -169,6 +170,9 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
 
     def __init__(self, state: ServerState) -> None:
         self._s = state
+        #: Joins write their node's row one at a time (as they did on the event loop), so
+        #: two joins of one name never race to insert it.
+        self._joining = asyncio.Lock()
 
     def _recorder(
         self, context: grpc.aio.ServicerContext[object, object], rpc: str, who: str = ""
@@ -227,12 +231,12 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                     context.auth_context(),
                     (self._s.run_id, self._s.run_name, context.peer()),
                 )
-                return self._join(request, identity, context.peer())
+                return await self._join(request, identity, context.peer())
         except _AbortError as abort:
             await context.abort(abort.code, abort.details)
             raise  # unreachable: abort raises
 
-    def _join(
+    async def _join(
         self, request: pb.JoinRequest, identity: NodeIdentity | None = None, peer: str = ""
     ) -> pb.JoinReply:
         common = set(request.protocol_versions) & set(SUPPORTED_PROTOCOL_VERSIONS)
@@ -255,7 +259,10 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
                 f"not serve; its regions are {sorted(self._s.regions)} (server.regions)",
                 code=ErrorCode.UNKNOWN_REGION,
             )
-        node_id = self._s.join_node(name, region, config)
+        # The node's row is written off the event loop: a database outage must not stop
+        # the loop answering every other node meanwhile.
+        async with self._joining:
+            node_id = await asyncio.to_thread(self._s.join_node, name, region, config)
         bound = peer if identity is not None else None
         token = self._s.registry.add(node_id, name, region, config, identity=identity, peer=bound)
         how = f", {identity.credential}" if identity is not None else ""
@@ -514,11 +521,14 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     async def _receive_overlapped(
         self, task: TaskRecord, header: pb.UploadHeader, messages: AsyncIterator[bytes]
     ) -> Outcome:
-        """A partial-sync upload: layer groups streamed during training, then a trailer."""
-        groups = partial_sync.groups_of(task.config, [t.name for t in self._s.spec])
-        if task.kind != "fit" or groups is None or task.secagg is not None:
-            raise ProtocolError("trailer_follows is only for fit tasks of a partial-sync round")
-        order = partial_sync.upload_order(self._s.spec, groups)
+        """An overlapped upload, streamed during training, then a trailer: a partial-sync
+        round's layer groups, or a streaming round's fragment."""
+        overlapped = partial_sync.CONFIG_KEY in task.config or streaming.is_streaming(task.config)
+        if task.kind != "fit" or not overlapped or task.secagg is not None:
+            raise ProtocolError(
+                "trailer_follows is only for fit tasks of a partial-sync or streaming round"
+            )
+        order = streaming.expected_upload(self._s.spec, task.config)
         sink, assembler = self._delta_receiver(header, order)
         try:
             received, trailer = await _drain_until_trailer(assembler, messages)
@@ -530,7 +540,7 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
             sink.discard()
             return outcome
         update = sink.update()
-        outcome.payload = DeltaUpdate(update, update.close)
+        outcome.payload = DeltaUpdate(pad_to_model(update, self._s.spec), update.close)
         outcome.bytes_up = received
         outcome.bytes_up_raw = received - assembler.payload_bytes + assembler.total_bytes
         return outcome

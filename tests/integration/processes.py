@@ -55,6 +55,37 @@ def start_geofl(cwd: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def start_client(
+    cwd: Path,
+    port: int,
+    index: int,
+    node_config: str,
+    *,
+    reconnect_for_s: float = 60,
+    verbose: bool = False,
+) -> subprocess.Popen[str]:
+    """``geofl client`` of the test app as ``site-<index>`` against 127.0.0.1:``port``.
+
+    ``node_config`` is the test app's ``--node-config`` (e.g. ``behaviour=slow delay_s=6``);
+    ``partition-id=<index>`` is added in front.
+    """
+    return start_geofl(
+        cwd,
+        "client",
+        *(["-v"] if verbose else []),
+        "--server",
+        f"127.0.0.1:{port}",
+        "--app",
+        "geofl_testapp:client_app",
+        "--name",
+        f"site-{index}",
+        "--reconnect-for",
+        f"{reconnect_for_s:g}",
+        "--node-config",
+        f"partition-id={index} {node_config}",
+    )
+
+
 def write_config(directory: Path, **sections: Any) -> Path:
     """A run of the test app, with relative paths (resolved against ``directory``)."""
     data: dict[str, Any] = {

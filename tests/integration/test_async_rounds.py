@@ -501,6 +501,27 @@ def test_secure_aggregation_runs_over_the_buffer_in_groups(tmp_path: Path, serve
     np.testing.assert_allclose(final_weights(config)["w"], expected, atol=1e-5)
 
 
+def test_secure_groups_run_on_the_virtual_clock(tmp_path: Path) -> None:
+    """The virtual clients serve each group's SecAgg+ stages; the unmasked means are FedBuff's."""
+    staleness = {"function": "polynomial", "exponent": 0.5, "max": 10}
+    config = _virtual(
+        tmp_path,
+        4,
+        {"buffer_size": 2, "staleness": staleness},
+        run={"name": "secure-fedbuff-virtual", "rounds": 3, "seed": 3},
+        strategy={"name": "fedavg", "clients_per_round": 4, "min_clients": 2},
+        secure_aggregation={"enabled": True, "degree": "full", "max_examples": 100},
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed", outcome.result
+    detail = _detail(config)
+    assert [r.status for r in detail.rounds] == ["committed"] * 3
+    kinds = {p.kind for p in detail.participations if p.status == "ok"}
+    assert kinds == {"advertise", "share", "fit", "unmask"}
+    expected = _expected_model(detail, _sim_shift, lambda p: 100.0, StalenessConfig(**staleness))
+    np.testing.assert_allclose(final_weights(config)["w"], expected, atol=1e-4)
+
+
 def test_relays_take_part_as_ordinary_nodes(
     tmp_path: Path,
     serve: Any,

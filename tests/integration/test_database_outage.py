@@ -8,7 +8,6 @@ forgives its clients the heartbeats it could not hear meanwhile.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from geofl.storage import open_database, queries
 
 from ..conftest import _postgres_database
 from ..storage.test_database_outage import _pg_ctl, _server_options
-from .processes import free_port, start_geofl, write_config
+from .processes import free_port, start_client, start_geofl, write_config
 
 OUTAGE_S = float(os.environ.get("GEOFL_TEST_OUTAGE_S", "12"))
 
@@ -40,27 +39,22 @@ def _committed(url: str) -> int:
         return 0
 
 
-def _client(tmp_path: Path, port: int, index: int) -> subprocess.Popen[str]:
-    return start_geofl(
-        tmp_path,
-        "client",
-        "--server",
-        f"127.0.0.1:{port}",
-        "--app",
-        "geofl_testapp:client_app",
-        "--name",
-        f"site-{index}",
-        "--reconnect-for",
-        "120",
-        "--node-config",
-        f"partition-id={index} behaviour=slow delay_s=1",
-    )
-
-
 @pytest.mark.postgres
-def test_coordinator_rides_out_a_postgresql_outage(tmp_path: Path, postgres_url: str) -> None:
+@pytest.mark.parametrize(
+    ("behaviour", "rounds"),
+    [("behaviour=slow delay_s=1", 4), ("behaviour=slow delay_s=0.1", 12)],
+    ids=["mid-fit", "long-polling"],
+)
+def test_coordinator_rides_out_a_postgresql_outage(
+    tmp_path: Path, postgres_url: str, behaviour: str, rounds: int
+) -> None:
+    """Clients training (``mid-fit``) or waiting in a long poll when the database goes.
+
+    Before the database work moved off the event loop, a long poll that outlived its gRPC
+    deadline during the outage made its client re-join, which dropped its task: the
+    ``long-polling`` case failed a round in every run.
+    """
     port = free_port()
-    rounds = 4
     config = write_config(
         tmp_path,
         run={"rounds": rounds},
@@ -71,8 +65,11 @@ def test_coordinator_rides_out_a_postgresql_outage(tmp_path: Path, postgres_url:
     )
     options = _server_options()
     data = os.environ["GEOFL_TEST_POSTGRES_DATADIR"]
-    server = start_geofl(tmp_path, "server", "-c", str(config))
-    clients = [_client(tmp_path, port, i) for i in range(2)]
+    server = start_geofl(tmp_path, "server", "-v", "-c", str(config))
+    clients = [
+        start_client(tmp_path, port, i, behaviour, reconnect_for_s=120, verbose=True)
+        for i in range(2)
+    ]
     try:
         deadline = time.monotonic() + 90
         while _committed(postgres_url) < 1:
@@ -86,9 +83,11 @@ def test_coordinator_rides_out_a_postgresql_outage(tmp_path: Path, postgres_url:
         finally:
             _pg_ctl("-l", f"{data}/server.log", "-w", "-t", "60", "-o", options, "start")
         output, _ = server.communicate(timeout=180)
+        (tmp_path / "server.log").write_text(output)  # kept for a post-mortem (-v: INFO)
         assert server.returncode == 0, output
-        for client in clients:
+        for index, client in enumerate(clients):
             out, _ = client.communicate(timeout=60)
+            (tmp_path / f"site-{index}.log").write_text(out)
             assert client.returncode == 0, out
     finally:
         for process in (server, *clients):

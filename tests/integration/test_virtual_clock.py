@@ -169,8 +169,30 @@ def test_compressed_uploads_are_smaller_and_take_less_time(tmp_path: Path) -> No
         assert (participation.duration_s or 0) < (plain_fits[name].duration_s or 0)
 
 
-def test_secure_aggregation_is_refused_before_starting(tmp_path: Path) -> None:
-    config = _virtual(tmp_path, secure_aggregation={"enabled": True})
+def test_secure_aggregation_runs_on_the_virtual_clock(tmp_path: Path) -> None:
+    """SecAgg+'s stages are served by the virtual clients: the unmasked mean is FedAvg's."""
+    config = _virtual(
+        tmp_path,
+        secure_aggregation={"enabled": True, "degree": "full", "max_examples": 100},
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "completed", outcome.result
+    shift = float(np.mean([1.0 + p for p in range(8)]))  # equal weights: 100 examples each
+    weights = final_weights(config)
+    np.testing.assert_allclose(weights["w"], np.full((4, 3), 2 * shift), atol=1e-4)
+    _, _, pairs = run_rows(config)
+    kinds = {p.kind for p, _ in pairs}
+    assert {"advertise", "share", "fit", "unmask"} <= kinds
+
+
+def test_secure_aggregation_with_virtual_relays_is_refused_before_starting(
+    tmp_path: Path,
+) -> None:
+    config = _virtual(
+        tmp_path,
+        secure_aggregation={"enabled": True},
+        simulation={"relays": True, "regions": REGIONS},
+    )
     with pytest.raises(ConfigError, match=r"secure_aggregation\.enabled"):
         run_virtual_simulation(config)
     assert not (tmp_path / "geofl.db").exists()

@@ -74,7 +74,6 @@ def test_on_budget_stop_lets_the_run_start() -> None:
 @pytest.mark.parametrize(
     ("sections", "needle"),
     [
-        ({"secure_aggregation": {"enabled": True}}, "distributed DP"),
         ({"schedule": {"mode": "async"}}, "schedule.mode sync"),
         (
             {

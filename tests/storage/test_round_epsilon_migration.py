@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from sqlalchemy import inspect
 
-from geofl.storage import Database, current_revision, downgrade, queries, upgrade
+from geofl.storage import (
+    Database,
+    current_revision,
+    downgrade,
+    head_revision,
+    queries,
+    upgrade,
+)
 
 
 def _columns(database: Database) -> set[str]:
@@ -32,7 +39,7 @@ def test_downgrade_drops_the_column_and_upgrade_brings_it_back_empty(database: D
     assert current_revision(database) == "0006"
     assert "epsilon" not in _columns(database)
     upgrade(database)
-    assert current_revision(database) == "0007" and "epsilon" in _columns(database)
+    assert current_revision(database) == head_revision() and "epsilon" in _columns(database)
     with database.session() as session:
         rounds = queries.rounds_of(session, run_id)
         assert [r.number for r in rounds] == [1, 2]  # the rounds survived, their ε did not
