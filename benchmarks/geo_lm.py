@@ -58,6 +58,7 @@ from benchmarks.geo_lm_runs import (
     base_config,
     diloco_method,
     read_curve,
+    streaming_method,
 )
 from benchmarks.wan_schedule import deep_merge, run_logged
 
@@ -95,10 +96,11 @@ METHODS: tuple[Method, ...] = (
     diloco_method("diloco_int8", "DiLoCo, int8 + EF", compression=INT8),
     diloco_method("diloco_int4", "DiLoCo, int4 + EF", compression=INT4),
     diloco_method(
-        "partial_sync", "DiLoCo + partial sync (4 groups)", {"partial_sync": {"sync_points": 4}}
+        "partial_sync",
+        "DiLoCo + DreamDDP partial sync (4 groups)",
+        {"partial_sync": {"sync_points": 4}},
     ),
-    # Streaming DiLoCo (branch streaming-diloco) goes here, e.g.
-    # diloco_method("streaming", "Streaming DiLoCo, int4", {"streaming": {...}}, INT4),
+    streaming_method("streaming_int4", "Streaming DiLoCo, int4 + EF", compression=INT4),
 )
 #: DiLoCo under secure aggregation (wall clock only: the key exchange is not simulated).
 SECAGG = diloco_method(
@@ -270,6 +272,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=GeoSpec.steps)
     parser.add_argument("--local-steps", type=int, default=GeoSpec.local_steps)
     parser.add_argument("--workers", type=int, default=GeoSpec.workers)
+    parser.add_argument("--fragments", type=int, default=GeoSpec.fragments)
+    parser.add_argument("--overlap-steps", type=int, default=GeoSpec.overlap_steps)
     parser.add_argument("--mbps", type=float, nargs="+", default=[100.0, 1000.0])
     parser.add_argument("--methods", nargs="+", default=[m.name for m in METHODS])
     parser.add_argument("--target-bpb", type=float, default=None, help="default: see report")
@@ -294,6 +298,8 @@ def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         steps=args.steps,
         local_steps=args.local_steps,
         workers=args.workers,
+        fragments=args.fragments,
+        overlap_steps=args.overlap_steps,
         tokens_per_s=float(speed["tokens_per_s"]),
     )
     records: list[dict[str, Any]] = []

@@ -30,6 +30,7 @@ __all__ = [
     "base_config",
     "diloco_method",
     "read_curve",
+    "streaming_method",
     "regions",
 ]
 
@@ -66,6 +67,10 @@ class GeoSpec:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     sync_points: int = 4
+    #: Streaming DiLoCo: P fragments (one synced per round of H / P steps), overlap tau.
+    fragments: int = 4
+    overlap_steps: int = 2
+    mixing_alpha: float = 0.5
     seed: int = 7
     workers: int = 2
     #: Tokens per second of one site (``samples_per_s``): from the measured step time.
@@ -78,6 +83,16 @@ class GeoSpec:
                 f"steps ({self.steps}) must be a multiple of local_steps ({self.local_steps}) "
                 "so that every method trains the same tokens"
             )
+        if self.local_steps % self.fragments or self.overlap_steps >= self.round_steps:
+            raise ValueError(
+                f"local_steps ({self.local_steps}) must be a multiple of fragments "
+                f"({self.fragments}) and overlap_steps ({self.overlap_steps}) below H / P"
+            )
+
+    @property
+    def round_steps(self) -> int:
+        """Inner steps of one Streaming DiLoCo round (H / P)."""
+        return self.local_steps // self.fragments
 
     @property
     def tokens_per_step(self) -> int:
@@ -149,6 +164,35 @@ def diloco_method(
         rounds=lambda spec: spec.steps // spec.local_steps,
         eval_every=lambda spec: 1,
         tokens_per_round=lambda spec: spec.local_steps * spec.tokens_per_step,
+    )
+
+
+def streaming_method(
+    name: str, label: str, compression: Mapping[str, Any] | None = None
+) -> Method:
+    """Streaming DiLoCo: P fragments synced in turn (a round = one fragment, H / P steps),
+    each fragment's upload overlapped with the round's last ``overlap_steps`` steps.
+
+    A server evaluation every P rounds, so its points are at the same token counts as
+    DiLoCo's (every H steps).
+    """
+    inner = diloco_method(name, label, compression=compression)
+
+    def sections(spec: GeoSpec) -> dict[str, Any]:
+        streaming = {
+            "fragments": spec.fragments,
+            "overlap_steps": spec.overlap_steps,
+            "mixing_alpha": spec.mixing_alpha,
+        }
+        return deep_merge(inner.sections(spec), {"schedule": {"streaming": streaming}})
+
+    return Method(
+        name,
+        label,
+        sections,
+        rounds=lambda spec: spec.steps // spec.round_steps,
+        eval_every=lambda spec: spec.fragments,
+        tokens_per_round=lambda spec: spec.round_steps * spec.tokens_per_step,
     )
 
 
