@@ -184,8 +184,8 @@ def run_method(
 
 
 def _probe_rounds(spec: GeoSpec, chosen: Method) -> int:
-    """Enough rounds for two steady rounds after the first and one evaluation to compare."""
-    return max(3, chosen.eval_every(spec))
+    """Enough rounds for a steady round after the first and one evaluation to compare."""
+    return max(2, chosen.eval_every(spec))
 
 
 def probe_and_reuse(
@@ -316,6 +316,7 @@ def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             )
             records.append(other)
             print(_line(other), flush=True)
+        _save_partial(args.out, records)
     report: dict[str, Any] = {
         "spec": asdict(spec),
         "step_time": speed,
@@ -332,6 +333,13 @@ def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         report["wall_validation"] = _wall_validation(spec, root, args.wall_rounds)
         print(json.dumps({k: v for k, v in report["wall_validation"].items() if k != "runs"}))
     return report
+
+
+def _save_partial(out: Path, records: list[dict[str, Any]]) -> None:
+    """The records so far, next to ``out`` (a run cut short keeps what it measured)."""
+    partial = out.with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text(json.dumps({"records": records}, indent=1))
 
 
 def _cpus() -> int:
