@@ -30,8 +30,8 @@ __all__ = [
     "base_config",
     "diloco_method",
     "read_curve",
-    "streaming_method",
     "regions",
+    "streaming_method",
 ]
 
 LM = "examples.geo_lm.task"
@@ -167,9 +167,7 @@ def diloco_method(
     )
 
 
-def streaming_method(
-    name: str, label: str, compression: Mapping[str, Any] | None = None
-) -> Method:
+def streaming_method(name: str, label: str, compression: Mapping[str, Any] | None = None) -> Method:
     """Streaming DiLoCo: P fragments synced in turn (a round = one fragment, H / P steps),
     each fragment's upload overlapped with the round's last ``overlap_steps`` steps.
 
