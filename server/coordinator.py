@@ -71,6 +71,7 @@ from geofl.storage import (
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 10.0
+_MAX_PENDING_CALLS = 65_536  # calls gRPC may queue before the loop takes them up
 
 
 class AddressInUseError(GeoflError):
@@ -260,6 +261,11 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", 8 << 20),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # gRPC sheds calls that arrive faster than the event loop takes them up once
+            # 1,000 wait (early drop; all beyond 3,000): a crowd of nodes joining at once
+            # then sees CANCELLED joins. Bounded, but far beyond any join storm we serve.
+            ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
         ],
     )
     add_to_server(CoordinatorServicer(state), server)
