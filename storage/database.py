@@ -9,10 +9,15 @@ Once open, a database that goes away (PostgreSQL restarted, SQLite locked past i
 timeout) is ridden out: :meth:`Database.session` retries starting its transaction, with
 backoff, for up to ``retry_s`` seconds before it raises. The retry is at the start of a
 unit of work, before anything was written, so a retried unit is never applied twice.
+:meth:`Database.transact` also re-runs a unit whose connection dropped before its
+``COMMIT``. A PostgreSQL connection lost *during* the ``COMMIT`` (the server stopped while
+it was in flight) is settled by asking, once the database answers, whether the unit's
+transaction id committed (``pg_xact_status``, PostgreSQL 13 or later).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -25,7 +30,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url
+from sqlalchemy import URL, Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.exc import ArgumentError, DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -58,6 +63,13 @@ _RETRY_FIRST_S, _RETRY_MAX_S = 0.1, 2.0
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+
+class _Outcome(enum.Enum):
+    """What became of a unit of work whose ``COMMIT`` was sent."""
+
+    APPLIED = "applied"
+    NOT_APPLIED = "not applied"
 
 
 class Database:
@@ -113,15 +125,20 @@ class Database:
         session = self._begin()
         try:
             yield session
-            session.commit()
+            session.flush()
+            transaction = self._transaction_id(session)
         except (OperationalError, InterfaceError) as exc:
             session.rollback()
+            session.close()
             raise StorageUnavailableError(self.url, _one_line(exc, self.engine.url)) from exc
         except BaseException:
             session.rollback()
-            raise
-        finally:
             session.close()
+            raise
+        if self._commit(session, transaction) is not _Outcome.APPLIED:
+            raise StorageUnavailableError(
+                self.url, "the connection was lost before the unit of work was committed"
+            )
 
     def transact(self, work: Callable[[Session], _T]) -> _T:
         """Run ``work(session)`` as one unit of work; run it again if the connection drops.
@@ -140,6 +157,7 @@ class Database:
             try:
                 result = work(session)
                 session.flush()
+                transaction = self._transaction_id(session)
             except (OperationalError, InterfaceError) as exc:
                 session.rollback()
                 session.close()
@@ -154,14 +172,84 @@ class Database:
                 session.rollback()
                 session.close()
                 raise
-            try:
-                session.commit()
-            except (OperationalError, InterfaceError) as exc:
-                session.rollback()
-                raise StorageUnavailableError(self.url, _one_line(exc, self.engine.url)) from exc
-            finally:
-                session.close()
-            return result
+            if self._commit(session, transaction) is _Outcome.APPLIED:
+                return result
+            if time.monotonic() - started >= self.retry_s:
+                raise StorageUnavailableError(
+                    self.url, "the connection was lost before the unit of work was committed"
+                )
+            log.warning("database %s lost the unit before its COMMIT; running it again", self.url)
+
+    def _transaction_id(self, session: Session) -> str | None:
+        """PostgreSQL's id of the session's transaction once it has written; else ``None``.
+
+        Read before ``COMMIT`` so that a connection lost during the ``COMMIT`` can be
+        settled afterwards (:meth:`_commit`): the id's status says whether it was applied.
+        A transaction that wrote nothing has no id, and SQLite needs none (its ``COMMIT``
+        is local: an error means nothing was applied).
+        """
+        if self.dialect != "postgresql":
+            return None
+        statement = text("SELECT pg_current_xact_id_if_assigned()::text")
+        value = session.execute(statement).scalar_one()
+        return None if value is None else str(value)
+
+    def _commit(self, session: Session, transaction: str | None) -> _Outcome:
+        """Commit; when the connection drops during the ``COMMIT``, find out what happened.
+
+        A read-only unit lost at its ``COMMIT`` has nothing to apply. A writing one on
+        PostgreSQL is looked up by id once the database answers again
+        (``pg_xact_status``): committed, or not (rolled back, or lost in the shutdown), in
+        which case it can be run again without doubling anything.
+
+        Raises
+        ------
+        StorageUnavailableError
+            If the outcome cannot be told (the database stays away past ``retry_s``, or
+            the id is no longer known), or SQLite failed its ``COMMIT``.
+        """
+        try:
+            session.commit()
+            return _Outcome.APPLIED
+        except (OperationalError, InterfaceError) as exc:
+            session.rollback()
+            lost = exc
+        finally:
+            session.close()
+        if self.dialect != "postgresql":
+            raise StorageUnavailableError(self.url, _one_line(lost, self.engine.url)) from lost
+        if transaction is None:
+            return _Outcome.APPLIED  # nothing was written, so nothing was lost
+        log.warning(
+            "database %s dropped the connection during COMMIT; asking whether it was applied",
+            self.url,
+        )
+        status = self._transaction_status(transaction, lost)
+        if status == "committed":
+            return _Outcome.APPLIED
+        if status == "aborted":
+            return _Outcome.NOT_APPLIED
+        raise StorageUnavailableError(
+            self.url,
+            f"the connection dropped during COMMIT and transaction {transaction}'s outcome is "
+            f"unknown ({status}): {_one_line(lost, self.engine.url)}",
+        ) from lost
+
+    def _transaction_status(self, transaction: str, lost: DBAPIError) -> str | None:
+        try:
+            checker = self._begin()  # retried while the database is away
+        except StorageUnavailableError as exc:
+            raise StorageUnavailableError(
+                self.url, f"lost during COMMIT, and then: {exc.reason}"
+            ) from lost
+        try:
+            status = checker.execute(
+                text("SELECT pg_xact_status(CAST(:transaction AS xid8))"),
+                {"transaction": transaction},
+            ).scalar_one()
+        finally:
+            checker.close()
+        return None if status is None else str(status)
 
     def _begin(self) -> Session:
         """A session whose transaction has started (connection checked out, BEGIN run)."""
