@@ -60,6 +60,8 @@ from benchmarks.flower_system import FlowerSimulationSystem, FlowerSystem
 from benchmarks.geofl_system import GeoflSimulationSystem, GeoflSystem
 from benchmarks.harness import run_case
 from benchmarks.workloads import WORKLOADS, NamedWorkload, get_workload
+from geofl.server.config.errors import ConfigError
+from geofl.server.config.overrides import parse_override
 
 __all__ = [
     "METRICS",
@@ -231,10 +233,18 @@ def build_report(
     }
 
 
-def make_system(mode: str, system: str, geofl_simulation: Mapping[str, object]) -> System:
-    """The system of one case; geofl's simulation gets the ``--geofl-sim`` settings."""
+def make_system(
+    mode: str,
+    system: str,
+    geofl_simulation: Mapping[str, object],
+    geofl_overrides: Sequence[str] = (),
+) -> System:
+    """The system of one case; geofl's simulation gets the ``--geofl-sim`` settings, and
+    both geofl systems the ``--geofl-set`` overrides of their run file."""
     if mode == "simulation" and system == "geofl":
-        return GeoflSimulationSystem(geofl_simulation)
+        return GeoflSimulationSystem(geofl_simulation, geofl_overrides)
+    if system == "geofl":
+        return GeoflSystem(geofl_overrides)
     return MODES[mode][system]()
 
 
@@ -264,12 +274,14 @@ def run_comparison(
     on_case: Callable[[list[dict[str, Any]]], None] | None = None,
     lock: bool = False,
     geofl_simulation: Mapping[str, object] | None = None,
+    geofl_overrides: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Run every (repeat, mode, system) case; ``on_case`` sees the list after each one.
 
     ``lock``: hold the shared heavy-work lock during each case (not across the whole
     comparison, so other people's work can run between cases). ``geofl_simulation``:
-    settings added to the ``simulation`` section of geofl's simulation runs.
+    settings added to the ``simulation`` section of geofl's simulation runs;
+    ``geofl_overrides``: ``KEY.PATH=VALUE`` overrides of every geofl run file.
     """
     unknown = [m for m in modes if m not in MODES] + [s for s in systems if s not in SYSTEM_NAMES]
     if unknown or repeats < 1:
@@ -281,7 +293,7 @@ def run_comparison(
             for system in systems:
                 with heavy_lock() if lock else contextlib.nullcontext():
                     record = run_case(
-                        make_system(mode, system, geofl_simulation or {}),
+                        make_system(mode, system, geofl_simulation or {}, geofl_overrides),
                         workload,
                         keep_workdirs,
                         max_rss_bytes,
@@ -319,6 +331,14 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "pooled=false or client_threads=0 (repeatable)",
     )
     parser.add_argument(
+        "--geofl-set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a value of geofl's run file, as `geofl --set` does, e.g. "
+        "storage.stage_uploads=false (repeatable)",
+    )
+    parser.add_argument(
         "--no-lock",
         action="store_true",
         help="do not take the shared heavy-work lock around each run (use when started "
@@ -338,7 +358,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--repeats must be >= 1 and --rounds >= 2 (round 1 is start-up)")
     try:
         args.geofl_sim = parse_settings(args.geofl_sim)
-    except ValueError as exc:
+        for text in args.geofl_set:
+            parse_override(text)
+    except (ValueError, ConfigError) as exc:
         parser.error(str(exc))
     return args
 
@@ -362,6 +384,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "rounds": args.rounds or named.rounds,
         "max_rss_gb": args.max_rss_gb,
         "geofl_simulation": args.geofl_sim,
+        "geofl_overrides": args.geofl_set,
     }
 
     def save(cases: list[dict[str, Any]]) -> None:
@@ -386,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         save,
         lock=not args.no_lock,
         geofl_simulation=args.geofl_sim,
+        geofl_overrides=args.geofl_set,
     )
     print(render_markdown(build_report(named, cases, settings)))
     print(f"wrote {out}")

@@ -119,6 +119,7 @@ def build_report(
             "rounds": args.rounds,
             "repeats": args.repeats,
             "max_rss_gb": args.max_rss_gb,
+            "geofl_overrides": getattr(args, "geofl_set", []),
         },
         "cases": cases,
         "medians_over_repeats": medians(cases, bounds),
@@ -178,6 +179,14 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-loopback", action="store_true", help="skip the loopback bound")
     parser.add_argument("--keep-workdirs", action="store_true", help="keep logs of good runs")
     parser.add_argument(
+        "--geofl-set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a value of geofl's run file, as `geofl --set` does, e.g. "
+        "storage.stage_uploads=false (repeatable)",
+    )
+    parser.add_argument(
         "--max-rss-gb",
         type=float,
         default=16.0,
@@ -224,7 +233,8 @@ def main(argv: list[str] | None = None) -> None:
             for name in args.systems.split(","):
                 console.print(f"[bold]{name}[/bold] {params:,} params, repeat {repeat + 1}")
                 limit = int(args.max_rss_gb * 1e9)
-                record = run_case(SYSTEMS[name](), workload, args.keep_workdirs, limit)
+                system = GeoflSystem(args.geofl_set) if name == "geofl" else SYSTEMS[name]()
+                record = run_case(system, workload, args.keep_workdirs, limit)
                 record["repeat"] = repeat
                 cases.append(record)
                 _write(build_report(cases, bounds, args), args.out)

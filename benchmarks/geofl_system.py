@@ -26,7 +26,7 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +48,7 @@ from benchmarks.core import (
     wait_for_port,
 )
 from geofl.protocols.types import Weights
+from geofl.server.config.overrides import apply_overrides, parse_override
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
 __all__ = [
@@ -199,9 +200,20 @@ def final_shift(initial: Mapping[str, np.ndarray], final: Mapping[str, np.ndarra
 
 
 class GeoflSystem(System):
-    """geofl server + N ``geofl client`` processes, measured by the harness."""
+    """geofl server + N ``geofl client`` processes, measured by the harness.
+
+    ``overrides`` (``KEY.PATH=VALUE`` texts, as ``geofl --set`` takes them, e.g.
+    ``storage.stage_uploads=false``) are applied to the run file the benchmark writes.
+    """
 
     name = "geofl"
+
+    def __init__(self, overrides: Sequence[str] = ()) -> None:
+        self.overrides = [parse_override(text) for text in overrides]
+
+    def document(self, workload: Workload, ctx: RunContext, db_path: Path) -> dict[str, Any]:
+        """:func:`run_yaml` with :attr:`overrides` applied."""
+        return apply_overrides(run_yaml(workload, ctx.server_port, db_path), self.overrides)
 
     def write_config(self, workload: Workload, ctx: RunContext, db_path: Path) -> Path:
         """Write ``ctx.workdir/run.yaml`` for ``workload``; return its path.
@@ -209,7 +221,7 @@ class GeoflSystem(System):
         JSON is valid YAML, and writing it avoids quoting pitfalls in paths.
         """
         path = ctx.workdir / "run.yaml"
-        path.write_text(json.dumps(run_yaml(workload, ctx.server_port, db_path), indent=2) + "\n")
+        path.write_text(json.dumps(self.document(workload, ctx, db_path), indent=2) + "\n")
         return path
 
     def run(self, workload: Workload, ctx: RunContext) -> SystemRun:
@@ -293,14 +305,17 @@ class GeoflSimulationSystem(GeoflSystem):
         "client": MemoryRole(frozenset({"geofl-client"}), per_process=True),
     }
 
-    def __init__(self, simulation: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self, simulation: Mapping[str, object] | None = None, overrides: Sequence[str] = ()
+    ) -> None:
+        super().__init__(overrides)
         #: Extra ``simulation`` settings (e.g. ``pooled: false``), from ``--geofl-sim``.
         self.simulation = dict(simulation or {})
 
     def write_config(self, workload: Workload, ctx: RunContext, db_path: Path) -> Path:
         """``run.yaml`` plus the ``simulation`` section: the clients, their app, any extras."""
         path = ctx.workdir / "run.yaml"
-        document = run_yaml(workload, ctx.server_port, db_path)
+        document = self.document(workload, ctx, db_path)
         document["simulation"] = {
             "clients": workload.clients,
             "app": GEOFL_APPS[workload.task][0],
