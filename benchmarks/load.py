@@ -54,6 +54,11 @@ __all__ = ["main", "run_case"]
 HEARTBEAT_S = 5.0
 JOIN_ATTEMPTS = 5
 REAL_CLIENTS = 3
+#: Each crowd node gets its own TCP connection, as separate machines would: without a
+#: local subchannel pool, gRPC shares one connection among every channel of a process
+#: to the same address (its global subchannel pool), and a crowd process's nodes would
+#: all be streams of one HTTP/2 connection.
+CHANNEL_OPTIONS = (("grpc.use_local_subchannel_pool", 1),)
 
 
 def run_yaml(port: int, rounds: int, workdir: Path, auth: bool) -> dict[str, Any]:
@@ -116,7 +121,7 @@ async def _crowd_node(
     failures: Counter[str],
 ) -> None:
     """One idle node; in ``healthy`` while its last heartbeat was answered."""
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
         reply = None

@@ -23,12 +23,16 @@ Every run has the same seed, partition, model, optimizer and rounds; the final m
 scored on the 10,000 test images. Run as::
 
     python -m benchmarks.privacy [--rounds 20] [--epsilons 1,3,8] [--variants ...]
-        [--out benchmarks/results/privacy.json]
+        [--lock] [--out benchmarks/results/privacy.json]
+
+``--lock`` holds the shared heavy-work lock (:func:`benchmarks.core.heavy_lock`) around
+each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -39,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.apps.privacy_linear import accuracy
+from benchmarks.core import heavy_lock
 from geofl.server.config import RunConfig, parse_config
 from geofl.server.coordinator import distributed_plan
 from geofl.server.simulation.virtual import run_virtual_simulation
@@ -148,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=3,
         help="runs of each case (DP noise is fresh each time; the data and seed are not)",
     )
+    parser.add_argument(
+        "--lock", action="store_true", help="hold the heavy-work lock around each run"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/privacy.json"))
     args = parser.parse_args(argv)
     targets = [float(e) for e in args.epsilons.split(",")]
@@ -159,12 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             for repeat in range(args.repeats):
                 with tempfile.TemporaryDirectory(prefix="geofl-privacy-") as tmp:
                     config = run_config(args, variant, target, Path(tmp))
+                    with heavy_lock() if args.lock else contextlib.nullcontext():
+                        measured = measure(config)
                     row = {
                         "variant": variant,
                         "target_epsilon": target,
                         "repeat": repeat,
                         "noise_multiplier": noise_multiplier(config),
-                        **measure(config),
+                        **measured,
                     }
                 print(json.dumps(row), flush=True)
                 results.append(row)
@@ -173,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _report(args: argparse.Namespace, results: list[dict[str, Any]]) -> dict[str, Any]:
-    settings = {k: v for k, v in vars(args).items() if k != "out"}
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "lock")}
     return {
         "benchmark": "privacy (issue 15)",
         "settings": settings,

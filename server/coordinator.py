@@ -71,6 +71,7 @@ from geofl.storage import (
 log = logging.getLogger(__name__)
 
 _SHUTDOWN_GRACE_S = 10.0
+_MAX_PENDING_CALLS = 65_536  # calls gRPC may queue before the loop takes them up
 
 
 class AddressInUseError(GeoflError):
@@ -260,6 +261,11 @@ async def start_grpc_server(
             ("grpc.max_receive_message_length", 8 << 20),
             ("grpc.keepalive_permit_without_calls", 1),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            # gRPC sheds calls that arrive faster than the event loop takes them up once
+            # 1,000 wait (early drop; all beyond 3,000): a crowd of nodes joining at once
+            # then sees CANCELLED joins. Bounded, but far beyond any join storm we serve.
+            ("grpc.server.max_pending_requests", _MAX_PENDING_CALLS),
+            ("grpc.server.max_pending_requests_hard_limit", _MAX_PENDING_CALLS),
         ],
     )
     add_to_server(CoordinatorServicer(state), server)
@@ -582,15 +588,17 @@ class Coordinator:
 
     def _record_refusal(self, kind: str, details: dict[str, Scalar]) -> None:
         """Write a refused identity, forbidden request or replay to the run's events."""
-        with self.db.session() as session:
-            queries.add_event(
+        now = self.clock.now()
+        self.db.transact(
+            lambda session: queries.add_event(
                 session,
                 f"security.{kind}",
                 str(details.get("reason", kind)),
                 run_id=self.run_id,
                 data=dict(details),
-                now=self.clock.now(),
+                now=now,
             )
+        )
 
     def join_nodes(self, nodes: Sequence[tuple[str, str | None]]) -> list[int]:
         """Register many (simulated) nodes by (name, region) in one transaction; their ids."""
@@ -678,6 +686,8 @@ class Coordinator:
             await self.start()
         self.instruments.start()
         resumed = self.start_round - 1 if self.start_round > 1 else None
+        if self.ledger is not None:  # the accountant's work, off the event loop
+            await asyncio.to_thread(self.ledger.plan, self.config.planned_rounds)
         engine = make_engine(
             EngineSettings.from_config(self.config), self._engine_parts(), self.config.schedule
         )
@@ -718,8 +728,9 @@ class Coordinator:
         self.request_stop(reason)
 
     def _committed_rounds(self) -> int:
-        with self.db.session() as session:
-            return queries.get_run(session, self.run_id).last_committed_round
+        return self.db.transact(
+            lambda session: queries.get_run(session, self.run_id).last_committed_round
+        )
 
     def _record_end(self, status: RunStatus, error: str | None) -> None:
         """The run's final (or interrupted) status and a ``run.<status>`` event."""

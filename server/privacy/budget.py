@@ -3,6 +3,13 @@
 ε after round ``n`` is that of ``n`` rounds of the run's mechanism: failed rounds count as
 spent too (the server may have released nothing for them, but counting them keeps the
 figure an upper bound, and a resumed run's ε the same as if it had not stopped).
+
+The accountant's work (milliseconds without sampling, ~0.2 s a call with it) never runs on
+the event loop: the coordinator calls :meth:`PrivacyLedger.plan` in a worker thread before
+the first round, which finds the first planned round that would exceed the target (a
+bisection: ε grows with the rounds, and the mechanism is fixed for the whole run, failed
+rounds counted as spent), so the guard's check after each round is a comparison; the
+recorder asks for each round's ε in a worker thread too.
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ class PrivacyLedger:
         self.delta = delta
         self.target = target
         self._epsilon = lru_cache(maxsize=None)(self._compute)
+        #: (the planned rounds, the first of them over the target or None, its reason).
+        self._plan: tuple[int, int | None, str | None] | None = None
 
     def _compute(self, rounds: int) -> float:
         return epsilon(self.mechanism, rounds, self.delta)
@@ -43,13 +52,55 @@ class PrivacyLedger:
         """ε after ``rounds`` rounds (cached: the accountant takes milliseconds)."""
         return self._epsilon(rounds)
 
+    def _fits(self, rounds: int) -> bool:
+        assert self.target is not None
+        return self.epsilon_after(rounds) <= self.target * (1 + 1e-9)
+
+    def plan(self, planned_rounds: int) -> None:
+        """Find, once, the first of rounds ``1..planned_rounds`` that would exceed the
+        target (blocking accountant work: call it off the event loop, before the rounds).
+
+        Afterwards :meth:`over_budget` answers for any round up to ``planned_rounds``
+        without the accountant.
+        """
+        first: int | None = None
+        if self.target is not None and not self._fits(planned_rounds):
+            low, high = 0, planned_rounds  # low fits (ε(0) = 0), high does not
+            while high - low > 1:
+                middle = (low + high) // 2
+                low, high = (middle, high) if self._fits(middle) else (low, middle)
+            first = high
+        reason = None if first is None else self._reason(first)
+        self._plan = (planned_rounds, first, reason)
+
+    @property
+    def planned(self) -> bool:
+        """Whether :meth:`plan` has run."""
+        return self._plan is not None
+
     def over_budget(self, rounds: int) -> str | None:
-        """Why round ``rounds`` may not run (it would take ε over the target), or None."""
+        """Why round ``rounds`` may not run (it would take ε over the target), or None.
+
+        After :meth:`plan`, no accountant work for a planned round.
+        """
         if self.target is None:
             return None
-        spent = self.epsilon_after(rounds)
-        if spent <= self.target * (1 + 1e-9):
+        if self._plan is not None and 1 <= rounds <= self._plan[0]:
+            _, first, reason = self._plan
+            if first is None or rounds < first:
+                return None
+            if rounds == first:
+                return reason
+            return (  # ε grows with the rounds: past the first round over, still over
+                f"privacy budget reached: round {rounds} is past round {first}, the first "
+                f"over privacy.target_epsilon {self.target} ({reason})"
+            )
+        if self._fits(rounds):
             return None
+        return self._reason(rounds)
+
+    def _reason(self, rounds: int) -> str:
+        spent = self.epsilon_after(rounds)
         return (
             f"privacy budget reached: round {rounds} would spend ε={spent:.4g} at "
             f"δ={self.delta}, over privacy.target_epsilon {self.target} "

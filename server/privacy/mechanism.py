@@ -32,8 +32,7 @@ import numpy as np
 from geofl.protocols.types import Config, Weights, WeightsView
 from geofl.server.privacy.errors import PrivacyError
 from geofl.server.strategies.errors import StrategyError
-from geofl.server.strategies.robust import ClippedMean, RobustRule
-from geofl.server.strategies.robust.kernels import next_clip_norm
+from geofl.server.strategies.robust import ClippedMean, QuantileClipNorm, RobustRule
 from geofl.server.strategies.robust.rule import state_vector
 from geofl.server.strategies.streaming import TensorSpecLike
 
@@ -129,7 +128,7 @@ class GaussianClip(RobustRule):
     """
 
     name: ClassVar[str] = "dp_gaussian"
-    STATE_KEY: ClassVar[str] = "clip_norm"
+    STATE_KEY: ClassVar[str] = QuantileClipNorm.STATE_KEY
 
     def __init__(
         self,
@@ -153,41 +152,60 @@ class GaussianClip(RobustRule):
                 f"need clip_norm > 0, noise_multiplier > 0, denominator >= 1; got "
                 f"{clip_norm}, {noise_multiplier}, {denominator}"
             )
-        self.initial_clip_norm = self.clip_norm = float(clip_norm)
+        self.initial_clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.denominator = int(denominator)
-        self.target_quantile = target_quantile
-        self.learning_rate = learning_rate
         self.count_noise_multiplier = count_noise_multiplier
         self.rng = rng if rng is not None else secure_generator()
-        self._pending: float | None = None
+        #: The adaptive norm (None: the clip norm is fixed).
+        self.norm = (
+            None
+            if target_quantile is None or learning_rate is None
+            else QuantileClipNorm(clip_norm, target_quantile, learning_rate)
+        )
 
     @property
     def adaptive(self) -> bool:
         """Whether the clip norm follows a quantile of the update norms."""
-        return self.target_quantile is not None
+        return self.norm is not None
+
+    @property
+    def clip_norm(self) -> float:
+        """The norm this round clips to."""
+        return self.initial_clip_norm if self.norm is None else self.norm.clip_norm
+
+    @property
+    def target_quantile(self) -> float | None:
+        """``gamma`` of adaptive clipping (None: fixed norm)."""
+        return None if self.norm is None else self.norm.target_quantile
+
+    @property
+    def learning_rate(self) -> float | None:
+        """``eta_C`` of adaptive clipping (None: fixed norm)."""
+        return None if self.norm is None else self.norm.learning_rate
 
     def accumulator(self, spec: Mapping[str, TensorSpecLike]) -> NoisedClippedMean:
         """This round's noised clipped sum at the current clip norm."""
-        self._pending = None
+        if self.norm is not None:
+            self.norm.begin_round()
         return _RoundMean(self, spec)
 
     def propose(self, unclipped: int) -> None:
-        """The round's mean was taken: noise the unclipped count, propose the next norm."""
-        if not self.adaptive:
+        """The round's mean was taken: noise the unclipped count, propose the next norm.
+
+        Only the noising is the DP part; the norm's step is :class:`QuantileClipNorm`'s,
+        as for the non-private :class:`~geofl.server.strategies.robust.AdaptiveClip`.
+        """
+        if self.norm is None:
             return
         assert self.count_noise_multiplier is not None  # adaptive: all three are set
-        assert self.target_quantile is not None and self.learning_rate is not None
         noisy = unclipped + self.rng.normal(0.0, self.count_noise_multiplier)
-        share = min(1.0, max(0.0, noisy / self.denominator))
-        self._pending = next_clip_norm(
-            self.clip_norm, share, self.target_quantile, self.learning_rate
-        )
+        self.norm.propose(noisy / self.denominator)
 
     def commit(self, mean_delta: WeightsView) -> None:
         """The round was applied: move to the norm it proposed (adaptive only)."""
-        if self._pending is not None:
-            self.clip_norm, self._pending = self._pending, None
+        if self.norm is not None:
+            self.norm.commit()
 
     def min_updates(self) -> int:
         """One: each update is clipped on its own."""
@@ -200,31 +218,32 @@ class GaussianClip(RobustRule):
             "noise_multiplier": self.noise_multiplier,
             "denominator": self.denominator,
         }
-        if self.adaptive:
-            assert self.target_quantile is not None and self.learning_rate is not None
+        if self.norm is not None:
             assert self.count_noise_multiplier is not None
             params.update(
-                target_quantile=self.target_quantile,
-                learning_rate=self.learning_rate,
+                target_quantile=self.norm.target_quantile,
+                learning_rate=self.norm.learning_rate,
                 count_noise_multiplier=self.count_noise_multiplier,
             )
         return params
 
     def state(self) -> Weights:
         """``{"clip_norm": [C]}`` with adaptive clipping, else nothing."""
-        if not self.adaptive:
-            return {}
-        return {self.STATE_KEY: np.array([self.clip_norm], dtype=np.float64)}
+        return {} if self.norm is None else self.norm.state()
 
     def load_state(self, state: WeightsView) -> None:
-        """Resume at the saved adaptive clip norm (``{}``: the initial one)."""
-        vector = state_vector(state, self.STATE_KEY)
-        if vector is None:
-            self.clip_norm = self.initial_clip_norm
+        """Resume at the saved adaptive clip norm (``{}``: the initial one).
+
+        Raises
+        ------
+        StrategyError
+            A saved norm for a fixed-norm rule, or one that is not one positive number.
+        """
+        if self.norm is None:
+            if state_vector(state, self.STATE_KEY) is not None:
+                raise StrategyError("saved clip norm for a rule without adaptive clipping")
             return
-        if not self.adaptive or vector.size != 1 or not vector[0] > 0:
-            raise StrategyError(f"saved clip norm must be one positive number, got {vector}")
-        self.clip_norm = float(vector[0])
+        self.norm.load_state(state)
 
 
 class _RoundMean(NoisedClippedMean):

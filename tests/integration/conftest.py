@@ -56,6 +56,37 @@ def run_config(tmp_path: Path, **sections: Any) -> RunConfig:
     return parse_config(data, source="itest")
 
 
+def virtual_run_config(
+    tmp_path: Path,
+    clients: int,
+    *,
+    node_config: dict[str, Any] | None = None,
+    simulation: dict[str, Any] | None = None,
+    **sections: Any,
+) -> RunConfig:
+    """:func:`run_config` on the virtual clock: ``clients`` simulated clients of the test
+    app's ``virtual_app`` in the server process, a long deadline (virtual seconds cost
+    nothing), no federated evaluation (the server's own only).
+
+    ``node_config`` is every client's (e.g. ``{"scaled-ids": "7", "scale": 1e6}``);
+    ``simulation`` adds or replaces keys of the ``simulation`` section (relays, regions).
+    """
+    defaults: dict[str, Any] = {
+        "schedule": {"deadline_s": 600, "wait_for_clients_s": 5},
+        "evaluation": {"every": 0, "server": "geofl_testapp:server_evaluate"},
+    }
+    section: dict[str, Any] = {
+        "clients": clients,
+        "app": "geofl_testapp:virtual_app",
+        "clock": "virtual",
+        "workers": 0,
+    }
+    if node_config is not None:
+        section["node_config"] = node_config
+    section.update(simulation or {})
+    return run_config(tmp_path, **{**defaults, **sections, "simulation": section})
+
+
 @dataclass
 class ServerHandle:
     coordinator: Coordinator

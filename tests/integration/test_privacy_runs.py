@@ -6,6 +6,7 @@ with ``clip_norm`` 1 every update is clipped, and its participation says so.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -21,7 +22,7 @@ from geofl.server.privacy import RoundMechanism, Sampling, epsilon
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage import open_database, queries
 
-from .conftest import final_weights, run_config, run_rows
+from .conftest import final_weights, run_config, run_rows, virtual_run_config
 
 CLIENTS = 3
 
@@ -118,20 +119,13 @@ def test_adaptive_clipping_with_sampling_on_the_virtual_clock(tmp_path: Path) ->
         "sampling": "uniform",
         "population": 20,
     }
-    config = run_config(
+    config = virtual_run_config(
         tmp_path,
+        20,
+        node_config={"scaled-ids": "7", "scale": 1e6},
         run={"name": "virtual-dp", "rounds": 4, "seed": 3},
         model="geofl_testapp:make_float_model",
         strategy={"clients_per_round": 5, "min_clients": 5},
-        schedule={"deadline_s": 600, "wait_for_clients_s": 5},
-        evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
-        simulation={
-            "clients": 20,
-            "app": "geofl_testapp:virtual_app",
-            "clock": "virtual",
-            "workers": 0,
-            "node_config": {"scaled-ids": "7", "scale": 1e6},
-        },
         privacy=privacy,
     )
     outcome = run_virtual_simulation(config)
@@ -148,3 +142,47 @@ def test_adaptive_clipping_with_sampling_on_the_virtual_clock(tmp_path: Path) ->
     }
     assert len(norms) > 1, norms  # the adaptive norm moved between rounds
     assert float(np.abs(final_weights(config)["w"]).max()) < 4 * (1.0 + 6 * noise_std)
+
+
+def test_the_accountant_never_runs_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that the budget stops: every ε (the guard's checks, the recorded ones) is
+    computed in a worker thread, never on the thread running the event loop."""
+    from geofl.server.privacy import budget
+
+    on_loop: list[int] = []
+    calls: list[int] = []
+    accountant = budget.epsilon
+
+    def watched(mechanism: Any, rounds: int, delta: float) -> float:
+        calls.append(rounds)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: a worker
+            pass
+        else:
+            on_loop.append(rounds)
+        return accountant(mechanism, rounds, delta)
+
+    monkeypatch.setattr(budget, "epsilon", watched)
+    mechanism = RoundMechanism(2.0)
+    target = (epsilon(mechanism, 2, 1e-5) + epsilon(mechanism, 3, 1e-5)) / 2
+    config = virtual_run_config(
+        tmp_path,
+        4,
+        run={"name": "budget-off-loop", "rounds": 5, "seed": 3},
+        model="geofl_testapp:make_float_model",
+        strategy={"clients_per_round": 4, "min_clients": 4},
+        privacy={
+            "clip_norm": 1.0,
+            "noise_multiplier": 2.0,
+            "target_epsilon": target,
+            "on_budget": "stop",
+        },
+    )
+    outcome = run_virtual_simulation(config)
+    assert outcome.result.status == "cancelled", outcome.result
+    assert recorded_epsilons(config) == pytest.approx([epsilon(mechanism, n, 1e-5) for n in (1, 2)])
+    assert calls and 3 in calls  # the guard did ask about round 3, ...
+    assert on_loop == []  # ... and nothing was asked on the event loop

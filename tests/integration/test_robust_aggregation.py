@@ -18,7 +18,7 @@ import pytest
 from geofl.server.cli.main import main as geofl_main
 from geofl.server.simulation.virtual import run_virtual_simulation
 
-from .conftest import final_weights, link_model, run_config, run_rows
+from .conftest import final_weights, link_model, run_config, run_rows, virtual_run_config
 
 ATTACK = 1e6
 
@@ -111,22 +111,15 @@ def test_krum_leaves_the_attacker_out_and_runs_show_says_why(
 def test_multi_krum_on_the_virtual_clock(tmp_path: Path) -> None:
     """Eight simulated clients, one scaled by 10^6, two rounds: Multi-Krum averages the
     seven honest shifts 1..7 each round, and the attacker is rejected every round."""
-    config = run_config(
+    config = virtual_run_config(
         tmp_path,
+        8,
+        node_config={"scaled-ids": "7", "scale": ATTACK},
         run={"name": "virtual-attack", "rounds": 2, "seed": 3},
         strategy={
             "clients_per_round": 8,
             "min_clients": 8,
             "robust": {"name": "multi_krum", "byzantine": 1},
-        },
-        schedule={"deadline_s": 600, "wait_for_clients_s": 5},
-        evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
-        simulation={
-            "clients": 8,
-            "app": "geofl_testapp:virtual_app",
-            "clock": "virtual",
-            "workers": 0,
-            "node_config": {"scaled-ids": "7", "scale": ATTACK},
         },
     )
     outcome = run_virtual_simulation(config)
@@ -151,24 +144,16 @@ def test_a_rule_at_the_coordinator_runs_among_regions(tmp_path: Path) -> None:
     region's FedAvg. The coordinator's median of the three regional updates ignores it."""
 
     def relayed(node_config: dict[str, Any]) -> Any:
-        return run_config(
+        return virtual_run_config(
             tmp_path,
+            8,
+            node_config=node_config,
+            simulation={"relays": True, "regions": THREE_REGIONS},
             run={"name": "relayed-attack", "rounds": 1, "seed": 1},
             strategy={
                 "clients_per_round": 3,
                 "min_clients": 3,
                 "robust": {"name": "median", "byzantine": 1},
-            },
-            schedule={"deadline_s": 600, "wait_for_clients_s": 5},
-            evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
-            simulation={
-                "clients": 8,
-                "app": "geofl_testapp:virtual_app",
-                "clock": "virtual",
-                "workers": 0,
-                "relays": True,
-                "regions": THREE_REGIONS,
-                "node_config": node_config,
             },
         )
 
@@ -189,22 +174,17 @@ def test_a_regional_rule_runs_within_each_region(tmp_path: Path) -> None:
     (``simulation.relay.robust``) and plain FedAvg among the regions."""
 
     def relayed(node_config: dict[str, Any]) -> Any:
-        return run_config(
+        return virtual_run_config(
             tmp_path,
-            run={"name": "regional-median", "rounds": 1, "seed": 1},
-            strategy={"clients_per_round": 3, "min_clients": 3},
-            schedule={"deadline_s": 600, "wait_for_clients_s": 5},
-            evaluation={"every": 0, "server": "geofl_testapp:server_evaluate"},
+            8,
+            node_config=node_config,
             simulation={
-                "clients": 8,
-                "app": "geofl_testapp:virtual_app",
-                "clock": "virtual",
-                "workers": 0,
                 "relays": True,
                 "regions": THREE_REGIONS,
                 "relay": {"min_clients": 1, "robust": {"name": "median", "byzantine": 0}},
-                "node_config": node_config,
             },
+            run={"name": "regional-median", "rounds": 1, "seed": 1},
+            strategy={"clients_per_round": 3, "min_clients": 3},
         )
 
     links = link_model(relayed({}))

@@ -124,3 +124,38 @@ def test_what_one_update_contributes_is_within_the_clip_norm(
     contribution = np.sqrt(sum(np.sum(np.asarray(t, np.float64) ** 2) for t in mean.values()))
     assert contribution * denominator <= clip * (1 + 1e-5)
     assert contribution * denominator == pytest.approx(min(norm, clip), rel=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    norms=st.lists(st.floats(1e-3, 10.0), min_size=2, max_size=12),
+    rounds=st.integers(1, 4),
+)
+def test_dp_adaptive_norm_follows_the_same_schedule_as_the_robust_one(
+    norms: list[float], rounds: int
+) -> None:
+    """With the count's noise negligible, the DP rule's norm moves exactly as
+    ``strategy.robust``'s adaptive clip (one shared QuantileClipNorm), when every update
+    arrives and the denominator is the cohort."""
+    from geofl.server.strategies.robust import AdaptiveClip, QuantileClipNorm
+
+    rng = np.random.default_rng(5)
+    dp = GaussianClip(
+        1.0,
+        1.0,
+        len(norms),
+        target_quantile=0.4,
+        learning_rate=0.3,
+        count_noise_multiplier=1e-12,
+        rng=np.random.default_rng(6),
+    )
+    plain = AdaptiveClip(1.0, target_quantile=0.4, learning_rate=0.3)
+    assert isinstance(dp.norm, QuantileClipNorm) and isinstance(plain.norm, QuantileClipNorm)
+    for _ in range(rounds):
+        updates = [_update(rng, norm) for norm in norms]
+        for rule in (dp, plain):
+            acc = rule.accumulator(SPEC)
+            for update in updates:
+                acc.add(update, 1.0)
+            rule.commit(acc.mean())
+        assert dp.clip_norm == pytest.approx(plain.clip_norm, rel=1e-9)

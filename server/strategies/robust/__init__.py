@@ -7,7 +7,12 @@ memory-mapped files (O(block) memory, ``8 x parameters x n`` bytes of disk per r
 See docs/robust.md for each rule's threat model.
 """
 
-from geofl.server.strategies.robust.clipping import AdaptiveClip, ClippedMean, FixedClip
+from geofl.server.strategies.robust.clipping import (
+    AdaptiveClip,
+    ClippedMean,
+    FixedClip,
+    QuantileClipNorm,
+)
 from geofl.server.strategies.robust.deferred import (
     CenteredClip,
     CoordinateMedian,
@@ -31,6 +36,7 @@ __all__ = [
     "FixedClip",
     "Krum",
     "MultiKrum",
+    "QuantileClipNorm",
     "RobustRule",
     "RobustStrategy",
     "SpilledAccumulator",

@@ -31,7 +31,7 @@ from geofl.server.strategies.robust.rule import RobustRule, float_norm, state_ve
 from geofl.server.strategies.server_opt import check_range
 from geofl.server.strategies.streaming import StreamingMean, TensorSpecLike
 
-__all__ = ["AdaptiveClip", "ClippedMean", "FixedClip"]
+__all__ = ["AdaptiveClip", "ClippedMean", "FixedClip", "QuantileClipNorm"]
 
 _INF = float("inf")
 
@@ -136,6 +136,82 @@ class FixedClip(RobustRule):
         return {"clip_norm": self.clip_norm, "weighted": self.weighted}
 
 
+class QuantileClipNorm:
+    """A clip norm that tracks a quantile of the update norms (Andrew et al. 2021).
+
+    The one implementation of the adaptive norm's life cycle, shared by
+    :class:`AdaptiveClip` (measured share) and the central DP rule
+    (:class:`geofl.server.privacy.GaussianClip`, noised share): a round's mean
+    proposes (:meth:`propose`) the next norm from the share of its updates that were not
+    clipped, :meth:`commit` moves to it once the round is applied, and a round that
+    is never applied leaves the norm where it was (:meth:`begin_round` drops a
+    stale proposal). :meth:`state` / :meth:`load_state` checkpoint it.
+
+    Parameters
+    ----------
+    initial_clip_norm
+        The norm of the first round, > 0.
+    target_quantile
+        ``gamma``: the share of updates meant to be under the bound, in (0, 1).
+    learning_rate
+        ``eta_C``: the geometric step size, > 0.
+    """
+
+    STATE_KEY: ClassVar[str] = "clip_norm"
+
+    def __init__(
+        self, initial_clip_norm: float, target_quantile: float, learning_rate: float
+    ) -> None:
+        self.initial_clip_norm = check_range(
+            "initial_clip_norm", initial_clip_norm, 0.0, _INF, low_open=True, high_open=True
+        )
+        self.target_quantile = check_range(
+            "target_quantile", target_quantile, 0.0, 1.0, low_open=True, high_open=True
+        )
+        self.learning_rate = check_range(
+            "learning_rate", learning_rate, 0.0, _INF, low_open=True, high_open=True
+        )
+        #: The norm this round clips to.
+        self.clip_norm = self.initial_clip_norm
+        self._pending: float | None = None
+
+    def begin_round(self) -> None:
+        """A new round starts: forget a proposal whose round was never applied."""
+        self._pending = None
+
+    def propose(self, unclipped_share: float) -> None:
+        """The round's mean was taken with ``unclipped_share`` of its updates unclipped."""
+        share = min(1.0, max(0.0, float(unclipped_share)))
+        self._pending = next_clip_norm(
+            self.clip_norm, share, self.target_quantile, self.learning_rate
+        )
+
+    def commit(self) -> None:
+        """The round was applied: move to the norm it proposed."""
+        if self._pending is not None:
+            self.clip_norm, self._pending = self._pending, None
+
+    def state(self) -> Weights:
+        """``{"clip_norm": [C]}``: the norm the next round clips to."""
+        return {self.STATE_KEY: np.array([self.clip_norm], dtype=np.float64)}
+
+    def load_state(self, state: WeightsView) -> None:
+        """Resume at the saved clip norm (``{}``: back to the initial one).
+
+        Raises
+        ------
+        StrategyError
+            If the saved value is not one positive number, or ``state`` has other keys.
+        """
+        vector = state_vector(state, self.STATE_KEY)
+        if vector is None:
+            self.clip_norm = self.initial_clip_norm
+            return
+        if vector.size != 1 or not vector[0] > 0:
+            raise StrategyError(f"saved clip norm must be one positive number, got {vector}")
+        self.clip_norm = float(vector[0])
+
+
 class AdaptiveClip(RobustRule):
     """Clip to a norm that tracks a quantile of the update norms (Andrew et al. 2021).
 
@@ -152,7 +228,7 @@ class AdaptiveClip(RobustRule):
     """
 
     name: ClassVar[str] = "adaptive_clip"
-    STATE_KEY: ClassVar[str] = "clip_norm"
+    STATE_KEY: ClassVar[str] = QuantileClipNorm.STATE_KEY
 
     def __init__(
         self,
@@ -161,35 +237,39 @@ class AdaptiveClip(RobustRule):
         learning_rate: float = 0.2,
         weighted: bool = False,
     ) -> None:
-        self.clip_norm = check_range(
-            "initial_clip_norm", initial_clip_norm, 0.0, _INF, low_open=True, high_open=True
-        )
-        self.initial_clip_norm = self.clip_norm
-        self.target_quantile = check_range(
-            "target_quantile", target_quantile, 0.0, 1.0, low_open=True, high_open=True
-        )
-        self.learning_rate = check_range(
-            "learning_rate", learning_rate, 0.0, _INF, low_open=True, high_open=True
-        )
+        self.norm = QuantileClipNorm(initial_clip_norm, target_quantile, learning_rate)
         self.weighted = bool(weighted)
-        self._pending: float | None = None
+
+    @property
+    def clip_norm(self) -> float:
+        """The norm this round clips to."""
+        return self.norm.clip_norm
+
+    @property
+    def initial_clip_norm(self) -> float:
+        """The first round's norm."""
+        return self.norm.initial_clip_norm
+
+    @property
+    def target_quantile(self) -> float:
+        """``gamma``."""
+        return self.norm.target_quantile
+
+    @property
+    def learning_rate(self) -> float:
+        """``eta_C``."""
+        return self.norm.learning_rate
 
     def accumulator(self, spec: Mapping[str, TensorSpecLike]) -> ClippedMean:
         """A clipped running mean at this round's norm; its mean proposes the next norm."""
-        self._pending = None
+        self.norm.begin_round()
         return ClippedMean(
-            spec, self.name, self.clip_norm, weighted=self.weighted, on_mean=self._propose
-        )
-
-    def _propose(self, unclipped_fraction: float) -> None:
-        self._pending = next_clip_norm(
-            self.clip_norm, unclipped_fraction, self.target_quantile, self.learning_rate
+            spec, self.name, self.clip_norm, weighted=self.weighted, on_mean=self.norm.propose
         )
 
     def commit(self, mean_delta: WeightsView) -> None:
         """The round was applied: move to the norm its updates proposed."""
-        if self._pending is not None:
-            self.clip_norm, self._pending = self._pending, None
+        self.norm.commit()
 
     def min_updates(self) -> int:
         """One: clipping bounds each update on its own."""
@@ -206,14 +286,8 @@ class AdaptiveClip(RobustRule):
 
     def state(self) -> Weights:
         """``{"clip_norm": [C]}``: the norm the next round clips to."""
-        return {self.STATE_KEY: np.array([self.clip_norm], dtype=np.float64)}
+        return self.norm.state()
 
     def load_state(self, state: WeightsView) -> None:
         """Resume at the saved clip norm (``{}``: back to the initial one)."""
-        vector = state_vector(state, self.STATE_KEY)
-        if vector is None:
-            self.clip_norm = self.initial_clip_norm
-            return
-        if vector.size != 1 or not vector[0] > 0:
-            raise StrategyError(f"saved clip norm must be one positive number, got {vector}")
-        self.clip_norm = float(vector[0])
+        self.norm.load_state(state)
