@@ -91,6 +91,7 @@ __all__ = [
     "APP",
     "CASE_SETS",
     "KEY_EXCHANGE_KINDS",
+    "PLAIN_VARIANTS",
     "VARIANTS",
     "GeoflSecAgg",
     "effective_params",
@@ -106,6 +107,10 @@ __all__ = [
 APP = "benchmarks.apps.geofl_secagg_echo:client_app"
 #: Secure variants (see the module docstring); ``plain`` is the run without the section.
 VARIANTS = ("matched", "auto", "full")
+#: Plain variants: ``plain`` is geofl's default run (every accepted fit update staged to
+#: disk before its ack, ``storage.stage_uploads``); ``plain-unstaged`` turns the staging
+#: off, as a secure round (which never stages) runs.
+PLAIN_VARIANTS = ("plain", "plain-unstaged")
 #: The participation kinds of the key exchange (the masked upload is a ``fit``).
 KEY_EXCHANGE_KINDS = ("advertise", "share", "unmask")
 _KIND_ORDER = ("advertise", "share", "fit", "unmask")
@@ -157,7 +162,7 @@ CASE_SETS: dict[str, list[CaseSpec]] = {
 
 def secure_section(variant: str, case: SecAggCase) -> dict[str, Any] | None:
     """The ``secure_aggregation`` section of ``variant`` (None for ``plain``)."""
-    if variant == "plain":
+    if variant in PLAIN_VARIANTS:
         return None
     weight_one = {"enabled": True, "max_examples": 1}
     if variant == "matched":
@@ -193,11 +198,15 @@ def effective_params(section: Mapping[str, Any], n: int) -> SecAggParams:
     return round_params(_settings(section), 1, list(range(1, n + 1)))
 
 
-def run_config(case: SecAggCase, variant: str, server_port: int, db_path: Path) -> dict[str, Any]:
+def run_config(
+    case: SecAggCase, variant: str, server_port: int, db_path: Path, *, pooled: bool = True
+) -> dict[str, Any]:
     """The run's YAML mapping: the framework benchmark's run plus dropout and secure settings.
 
     ``min_clients`` is the cohort less the clients drawn to drop each round, so a round
     commits with the survivors (Flower's FedAvg accepts failures); never below 2.
+    ``pooled=False`` (simulation only) runs one client process per client instead of
+    geofl's default worker pool.
     """
     workload = Workload(params=case.d, clients=case.n, rounds=case.rounds, timeout_s=case.timeout_s)
     config = plain_run_yaml(workload, server_port, db_path)
@@ -211,6 +220,10 @@ def run_config(case: SecAggCase, variant: str, server_port: int, db_path: Path) 
             "app": APP,
             "node_config": _drop_config(case),
         }
+        if not pooled:
+            config["simulation"]["pooled"] = False
+    if variant == "plain-unstaged":
+        config["storage"]["stage_uploads"] = False
     return config
 
 
@@ -379,10 +392,15 @@ class GeoflSecAgg(SecAggSystem):
     name = "geofl"
     modes = MODES
 
-    def __init__(self, variant: str = "matched") -> None:
-        if variant != "plain" and variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; use plain or one of {VARIANTS}")
+    def __init__(self, variant: str = "matched", *, pooled: bool = True) -> None:
+        if variant not in PLAIN_VARIANTS and variant not in VARIANTS:
+            raise ValueError(
+                f"unknown variant {variant!r}; use one of {PLAIN_VARIANTS} or {VARIANTS}"
+            )
         self.variant = variant
+        #: Simulation only: clients in a few worker processes (geofl's default) or one
+        #: process per client (``simulation.pooled: false``).
+        self.pooled = pooled
 
     def default_drop_stage(self, secure: bool) -> str:
         """Dropped clients fail their (masked) fit, after the key exchange."""
@@ -390,11 +408,11 @@ class GeoflSecAgg(SecAggSystem):
 
     def run(self, case: SecAggCase, ctx: RunContext) -> SecAggRun:
         """Deploy, wait until every process exits 0, read the run back from the database."""
-        if case.secure != (self.variant != "plain"):
+        if case.secure != (self.variant not in PLAIN_VARIANTS):
             raise ValueError(f"variant {self.variant!r} does not match secure={case.secure}")
         db_path = ctx.workdir / "geofl.db"
         config = ctx.workdir / "run.yaml"
-        yaml = run_config(case, self.variant, ctx.server_port, db_path)
+        yaml = run_config(case, self.variant, ctx.server_port, db_path, pooled=self.pooled)
         config.write_text(json.dumps(yaml, indent=2) + "\n")
         env = {PARAMS_ENV: str(case.d), "PYTHONPATH": str(GEOFL_REPO_ROOT)}
         geofl = console_script("geofl")
@@ -490,14 +508,22 @@ def record_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
     """What makes two records the same measurement (a re-run replaces the old one)."""
     fields = ("system", "mode", "n", "d", "dropout", "secure", "rounds")
     settings = record.get("settings", {})
-    return (*(record[f] for f in fields), settings.get("drop_stage"), settings.get("variant"))
+    return (
+        *(record[f] for f in fields),
+        settings.get("drop_stage"),
+        settings.get("variant"),
+        settings.get("pooled", True),
+    )
 
 
-def _measured(done: Sequence[Mapping[str, Any]], case: SecAggCase, variant: str) -> bool:
+def _measured(
+    done: Sequence[Mapping[str, Any]], case: SecAggCase, variant: str, pooled: bool = True
+) -> bool:
     """Whether ``done`` holds a good record of ``case`` in ``variant``."""
     record = {**asdict(case), "system": GeoflSecAgg.name}
     record["settings"] = {"drop_stage": GeoflSecAgg(variant).default_drop_stage(case.secure)}
     record["settings"]["variant"] = variant
+    record["settings"]["pooled"] = pooled
     return any(c.get("ok") and record_key(c) == record_key(record) for c in done)
 
 
@@ -558,8 +584,8 @@ def _sets(text: str) -> list[str]:
 
 
 def _variant(text: str) -> str:
-    if text != "plain" and text not in VARIANTS:
-        raise ValueError(f"unknown variant {text!r}; use plain or one of {VARIANTS}")
+    if text not in PLAIN_VARIANTS and text not in VARIANTS:
+        raise ValueError(f"unknown variant {text!r}; use one of {PLAIN_VARIANTS} or {VARIANTS}")
     return text
 
 
@@ -583,6 +609,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-workdirs", action="store_true")
     parser.add_argument("--no-lock", action="store_true", help="already under flock(1)")
     parser.add_argument("--resume", action="store_true", help="skip cases already measured ok")
+    parser.add_argument(
+        "--unpooled",
+        action="store_true",
+        help="simulation: one process per client (simulation.pooled: false)",
+    )
     return parser.parse_args(argv)
 
 
@@ -599,7 +630,7 @@ def to_case(spec: CaseSpec, args: argparse.Namespace) -> SecAggCase:
         n=spec.n,
         d=spec.d,
         rounds=args.rounds,
-        secure=spec.variant != "plain",
+        secure=spec.variant not in PLAIN_VARIANTS,
         dropout=spec.dropout,
         mode=spec.mode,
         num_shares=args.num_shares,
@@ -609,9 +640,14 @@ def to_case(spec: CaseSpec, args: argparse.Namespace) -> SecAggCase:
     )
 
 
-def describe_variant(record: SecAggRecord, variant: str, case: SecAggCase) -> None:
-    """Add the variant and its effective degree and threshold to ``record.settings``."""
+def describe_variant(
+    record: SecAggRecord, variant: str, case: SecAggCase, pooled: bool = True
+) -> None:
+    """Add the variant, its effective degree and threshold, and (simulation) whether the
+    clients ran pooled to ``record.settings``."""
     record.settings["variant"] = variant
+    if case.mode == "simulation":
+        record.settings["pooled"] = pooled
     section = secure_section(variant, case)
     if section is not None:
         params = effective_params(section, case.n)
@@ -640,17 +676,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     done = [] if args.replace else _load(args.out)
     for spec in build_specs(args):
         case = to_case(spec, args)
-        if args.resume and _measured(done, case, spec.variant):
+        pooled = not args.unpooled
+        if args.resume and _measured(done, case, spec.variant, pooled):
             continue
         print(f"running geofl {spec.variant} {case}", flush=True)
         record = run_secagg_case(
-            GeoflSecAgg(spec.variant),
+            GeoflSecAgg(spec.variant, pooled=pooled),
             case,
             use_lock=not args.no_lock,
             max_rss_bytes=int(args.max_rss_gb * 1e9),
             keep_workdir=args.keep_workdirs,
         )
-        describe_variant(record, spec.variant, case)
+        describe_variant(record, spec.variant, case, pooled)
         done = _merge(done, [asdict(record)])
         _write(args.out, done)
         print(_summary(record), flush=True)

@@ -12,6 +12,10 @@ A :class:`SecAggClient` lives for one round.  Its stages run once each, in order
 5. :meth:`~SecAggClient.reveal`: for each neighbour (and itself), the seed share if it
    survived or the mask-key share if it dropped, never both.
 
+Step 1's secrets may also be made ahead (:meth:`RoundSecrets.fresh`), their public keys
+sent in the previous round's unmask answer; the round then starts at step 2
+(``SecAggClient(..., secrets=...)``). Either way each set of secrets serves one round.
+
 Pure and transport-free: the runtime moves the returned bytes and arrays.
 """
 
@@ -19,10 +23,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 from geofl.protocols.secagg import (
     MASK_PURPOSE,
@@ -50,14 +56,47 @@ from geofl.protocols.secagg import (
 )
 from geofl.protocols.secagg.prg import MASK_KEY_BYTES
 
+__all__ = ["RoundSecrets", "SecAggClient"]
+
 _STEPS = ("advertise", "share_keys", "receive_shares", "mask", "reveal")
 
 
+@dataclass(frozen=True, eq=False)
+class RoundSecrets:
+    """One round's fresh secrets: two X25519 key pairs and the self-mask seed.
+
+    Made by :meth:`fresh` from the operating system's randomness; a set serves one round
+    only (a :class:`SecAggClient` takes it and is used once).
+    """
+
+    encrypt_key: X25519PrivateKey
+    mask_key: X25519PrivateKey
+    seed: bytes
+
+    @classmethod
+    def fresh(cls) -> RoundSecrets:
+        """New key pairs and a new seed."""
+        return cls(generate_private_key(), generate_private_key(), os.urandom(MASK_KEY_BYTES))
+
+    def public(self) -> PublicKeys:
+        """The public halves, as advertised."""
+        return PublicKeys(public_bytes(self.encrypt_key), public_bytes(self.mask_key))
+
+
 class SecAggClient:
-    """One client's SecAgg+ state for one round (see the module docstring)."""
+    """One client's SecAgg+ state for one round (see the module docstring).
+
+    ``secrets``: made ahead, their public keys already with the server; the round then
+    begins with :meth:`share_keys` (there is no :meth:`advertise` step).
+    """
 
     def __init__(
-        self, node_id: int, params: SecAggParams, *, rng: np.random.Generator | None = None
+        self,
+        node_id: int,
+        params: SecAggParams,
+        *,
+        rng: np.random.Generator | None = None,
+        secrets: RoundSecrets | None = None,
     ) -> None:
         if node_id not in params.cohort:
             raise SecAggError(f"node {node_id} is not in the round's cohort")
@@ -66,11 +105,12 @@ class SecAggClient:
         #: Randomness for stochastic rounding only; every secret comes from the OS.
         self._rng = rng if rng is not None else np.random.default_rng()
         self._neighbours = params.neighbourhoods()[node_id]
-        self._next_step = 0
         # Fresh for every round: a SecAggClient serves one round only.
-        self._encrypt_key = generate_private_key()
-        self._mask_key = generate_private_key()
-        self._seed = os.urandom(MASK_KEY_BYTES)
+        self._next_step = 0 if secrets is None else 1  # keys sent ahead: advertised
+        secrets = secrets if secrets is not None else RoundSecrets.fresh()
+        self._encrypt_key = secrets.encrypt_key
+        self._mask_key = secrets.mask_key
+        self._seed = secrets.seed
         self._roster: dict[int, PublicKeys] = {}
         self._transport_keys: dict[int, bytes] = {}
         #: owner -> (share of the owner's mask private key, share of its seed).

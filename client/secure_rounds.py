@@ -5,6 +5,12 @@ the SecAgg+ state between them (key pairs, the shares received) lives in one
 :class:`~geofl.client.secagg.SecAggClient` per round, kept in memory only: a client that
 restarts mid-round has lost its secrets and counts as dropped for that round, which the
 protocol tolerates.
+
+When the unmask task asks for it (``keys_ahead``), the answer also carries the public keys
+of fresh secrets for this client's next secure round of the run; that round's share task
+then names them (``own``) and there is no advertise task. Those secrets are used once: a
+share task that names them consumes them, and an advertise task discards them (the server
+did not take them), so no key pair ever serves two rounds.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from geofl.client.secagg import SecAggClient
+from geofl.client.secagg import RoundSecrets, SecAggClient
 from geofl.protocols.ddp import DistributedDpParams, secure_generator
 from geofl.protocols.secagg import PublicKeys, SecAggError, SecAggParams
 from geofl.protocols.shared_lowrank import SharedLowRank, projection_of
@@ -103,16 +109,30 @@ class SecureRounds:
         self._client: SecAggClient | None = None
         #: What shared low-rank projections dropped so far, by tensor (error feedback).
         self._residual: dict[str, npt.NDArray[np.float64]] = {}
+        #: Secrets whose public keys went ahead in the last unmask answer:
+        #: (run id, this client's node id then, secrets).
+        self._ahead: tuple[int, int, RoundSecrets] | None = None
 
     def advertise(self, task: pb.Task, node_id: int) -> pb.SecAggResult:
-        """Start the round: fresh key pairs; their public halves go to the server."""
+        """Start the round: fresh key pairs; their public halves go to the server.
+
+        Secrets sent ahead are discarded: the server did not take them for this round.
+        """
+        self._ahead = None
         self._client = SecAggClient(node_id, params_of(task))
         self._round = (task.run_id, task.round)
         keys = self._client.advertise()
         return pb.SecAggResult(keys=pb.PublicKeys(encrypt=keys.encrypt, mask=keys.mask))
 
     def share(self, task: pb.Task) -> pb.SecAggResult:
-        """Encrypted shares of this client's secrets for each neighbour in the roster."""
+        """Encrypted shares of this client's secrets for each neighbour in the roster.
+
+        A task that names this client's own keys starts the round with the secrets sent
+        ahead (there was no advertise task).
+        """
+        if task.secagg.HasField("own"):
+            self._client = self._take_ahead(task)
+            self._round = (task.run_id, task.round)
         roster = {
             int(node): PublicKeys(encrypt=bytes(k.encrypt), mask=bytes(k.mask))
             for node, k in task.secagg.roster.items()
@@ -168,11 +188,36 @@ class SecureRounds:
                 f"refusing to unmask round {task.round}: {len(task.secagg.survivors)} "
                 f"survivors, fewer than the {ddp.min_survivors} distributed DP's noise needs"
             )
-        revealed = self._current(task).reveal(
+        client = self._current(task)
+        revealed = client.reveal(
             [int(n) for n in task.secagg.survivors], [int(n) for n in task.secagg.dropped]
         )
         self._client = self._round = None  # the round's secrets are spent
-        return pb.SecAggResult(revealed=revealed)
+        result = pb.SecAggResult(revealed=revealed)
+        if task.secagg.keys_ahead:  # the next round's keys, so it needs no advertise task
+            secrets = RoundSecrets.fresh()
+            self._ahead = (task.run_id, client.node_id, secrets)
+            keys = secrets.public()
+            result.keys.CopyFrom(pb.PublicKeys(encrypt=keys.encrypt, mask=keys.mask))
+        return result
+
+    def _take_ahead(self, task: pb.Task) -> SecAggClient:
+        """The round's state from the secrets sent ahead, which are used up by this call."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead[0] != task.run_id:
+            self._client = self._round = None
+            raise SecAggError(
+                f"round {task.round}: the server holds keys this client sent ahead, but it "
+                "has none (it restarted, or they served a round already)"
+            )
+        _, node_id, secrets = ahead
+        mine, named = secrets.public(), task.secagg.own
+        if (bytes(named.encrypt), bytes(named.mask)) != (mine.encrypt, mine.mask):
+            self._client = self._round = None
+            raise SecAggError(
+                f"round {task.round}: the server names keys this client did not send ahead"
+            )
+        return SecAggClient(node_id, params_of(task), secrets=secrets)
 
     def _current(self, task: pb.Task) -> SecAggClient:
         if self._client is None or self._round != (task.run_id, task.round):

@@ -339,7 +339,7 @@ class PublicKeys(_message.Message):
     def __init__(self, encrypt: _Optional[bytes] = ..., mask: _Optional[bytes] = ...) -> None: ...
 
 class SecAggTask(_message.Message):
-    __slots__ = ("setup", "roster", "inbox", "survivors", "dropped")
+    __slots__ = ("setup", "roster", "inbox", "survivors", "dropped", "own", "keys_ahead")
     class RosterEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -359,12 +359,16 @@ class SecAggTask(_message.Message):
     INBOX_FIELD_NUMBER: _ClassVar[int]
     SURVIVORS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    OWN_FIELD_NUMBER: _ClassVar[int]
+    KEYS_AHEAD_FIELD_NUMBER: _ClassVar[int]
     setup: SecAggSetup
     roster: _containers.MessageMap[int, PublicKeys]
     inbox: _containers.ScalarMap[int, bytes]
     survivors: _containers.RepeatedScalarFieldContainer[int]
     dropped: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, setup: _Optional[_Union[SecAggSetup, _Mapping]] = ..., roster: _Optional[_Mapping[int, PublicKeys]] = ..., inbox: _Optional[_Mapping[int, bytes]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ...) -> None: ...
+    own: PublicKeys
+    keys_ahead: bool
+    def __init__(self, setup: _Optional[_Union[SecAggSetup, _Mapping]] = ..., roster: _Optional[_Mapping[int, PublicKeys]] = ..., inbox: _Optional[_Mapping[int, bytes]] = ..., survivors: _Optional[_Iterable[int]] = ..., dropped: _Optional[_Iterable[int]] = ..., own: _Optional[_Union[PublicKeys, _Mapping]] = ..., keys_ahead: _Optional[bool] = ...) -> None: ...
 
 class SecAggResult(_message.Message):
     __slots__ = ("keys", "shares", "revealed")

@@ -33,7 +33,7 @@ class Phase(enum.Enum):
 
 
 _NEXT: dict[Phase, frozenset[Phase]] = {
-    Phase.SELECT: frozenset({Phase.BROADCAST, Phase.ADVERTISE, Phase.FAILED}),
+    Phase.SELECT: frozenset({Phase.BROADCAST, Phase.ADVERTISE, Phase.SHARE, Phase.FAILED}),
     Phase.ADVERTISE: frozenset({Phase.SHARE, Phase.FAILED}),
     Phase.SHARE: frozenset({Phase.BROADCAST, Phase.FAILED}),
     Phase.BROADCAST: frozenset({Phase.FIT, Phase.FAILED}),

@@ -4,6 +4,12 @@
 
     ADVERTISE -> SHARE -> masked fit (BROADCAST, FIT) -> UNMASK -> the survivors' sum
 
+Given a :class:`KeysAhead`, the unmask tasks also ask every survivor for fresh public keys
+for its next secure round, and a later round takes them instead of asking again: a cohort
+whose members all sent keys ahead skips ADVERTISE (one long-poll round trip per client
+fewer), and the others advertise as before. Keys sent ahead are used for one round at most
+(taken out when a round starts) and only for the session that sent them.
+
 with the engine's own task machinery: the engine says how a stage's tasks are handed out
 and settled (:class:`StageTasks`), and the driver feeds every result to the server's
 bookkeeping (:class:`geofl.server.rounds.secagg.SecAggServer`), rejecting a node whose stage
@@ -51,6 +57,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DistributedDpSettings",
+    "KeysAhead",
     "SecureRound",
     "SecureSettings",
     "StageTasks",
@@ -152,6 +159,34 @@ class StageTasks(Protocol):
         """Run the stage's tasks to their end."""
 
 
+class KeysAhead:
+    """Public keys that nodes sent ahead (in an unmask answer) for their next secure round.
+
+    Held by an engine across its rounds. An entry belongs to the session that sent it: a
+    node that joined again (a new session, a restarted client) has lost the secrets, so
+    its old entry is never used. :meth:`take` removes what it returns, so a set of keys
+    serves one round at most, whether or not that round completes.
+    """
+
+    def __init__(self) -> None:
+        self._keys: dict[int, tuple[NodeSession, PublicKeys]] = {}
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def put(self, session: NodeSession, keys: PublicKeys) -> None:
+        """``session``'s keys for its next secure round (replacing any it sent before)."""
+        self._keys[session.node_id] = (session, keys)
+
+    def take(self, session: NodeSession) -> PublicKeys | None:
+        """``session``'s keys sent ahead, removed; None if it sent none (or another session
+        of the node did)."""
+        entry = self._keys.pop(session.node_id, None)
+        if entry is None or entry[0] is not session:
+            return None
+        return entry[1]
+
+
 class SecureRound:
     """SecAgg+ among one cohort: only the survivors' sum is ever unmasked.
 
@@ -167,6 +202,7 @@ class SecureRound:
         round_id: int,
         cohort: Sequence[NodeSession],
         spec: ModelSpec,
+        keys_ahead: KeysAhead | None = None,
     ) -> None:
         self.params = round_params(settings, round_id, [s.node_id for s in cohort])
         self._ddp = settings.ddp
@@ -176,6 +212,12 @@ class SecureRound:
         self._cohort = list(cohort)
         self._by_id = {s.node_id: s for s in cohort}
         self._spec = spec
+        self._ahead = keys_ahead
+        #: The cohort's keys sent ahead for this round (taken at once: used once at most).
+        self._own: dict[int, PublicKeys] = {}
+        if keys_ahead is not None:
+            taken = {s.node_id: keys_ahead.take(s) for s in cohort}
+            self._own = {node: keys for node, keys in taken.items() if keys is not None}
 
     async def run(
         self,
@@ -193,20 +235,31 @@ class SecureRound:
         SecAggAbortError
             If a stage leaves fewer clients than the threshold.
         """
-        server, setup, by_id = self._server, self.setup, self._by_id
-        enter(Phase.ADVERTISE)
-        await stage(
-            self._cohort,
-            "advertise",
-            lambda s: pb.SecAggTask(setup=setup),
-            _stage_take("advertise", lambda n, r: server.add_keys(n, keys_from_proto(r.keys))),
-        )
+        server, setup, by_id, own = self._server, self.setup, self._by_id, self._own
+        for node, keys in sorted(own.items()):
+            server.add_keys(node, keys)
+        advertising = [s for s in self._cohort if s.node_id not in own]
+        if advertising:
+            enter(Phase.ADVERTISE)
+            await stage(
+                advertising,
+                "advertise",
+                lambda s: pb.SecAggTask(setup=setup),
+                _stage_take("advertise", lambda n, r: server.add_keys(n, keys_from_proto(r.keys))),
+            )
         rosters = server.close_advertise()
         enter(Phase.SHARE)
+
+        def share_task(s: NodeSession) -> pb.SecAggTask:
+            task = pb.SecAggTask(setup=setup, roster=roster_to_proto(rosters[s.node_id]))
+            if s.node_id in own:
+                task.own.CopyFrom(keys_to_proto(own[s.node_id]))
+            return task
+
         await stage(
             [by_id[n] for n in rosters],
             "share",
-            lambda s: pb.SecAggTask(setup=setup, roster=roster_to_proto(rosters[s.node_id])),
+            share_task,
             _stage_take("share", lambda n, r: server.add_shares(n, dict(r.shares))),
         )
         inboxes = server.close_sharing()
@@ -219,18 +272,38 @@ class SecureRound:
         survivors, dropped = server.close_masking()
         self._require_noise(survivors)
         enter(Phase.UNMASK)
-        reveal = pb.SecAggTask(setup=setup, survivors=sorted(survivors), dropped=sorted(dropped))
+        reveal = pb.SecAggTask(
+            setup=setup,
+            survivors=sorted(survivors),
+            dropped=sorted(dropped),
+            keys_ahead=self._ahead is not None,
+        )
         await stage(
             [by_id[n] for n in sorted(survivors)],
             "unmask",
             lambda s: reveal,
-            _stage_take("unmask", lambda n, r: server.add_reveal(n, dict(r.revealed))),
+            _stage_take("unmask", self._take_reveal),
         )
         if self.ddp is None:
             total = await asyncio.to_thread(server.finish)
             return mean_of_sum(total, self._spec, setup)
         ring = await asyncio.to_thread(server.finish_ring)
         return self._noised_mean(ring), float(len(survivors))
+
+    def _take_reveal(self, node: int, result: pb.SecAggResult) -> None:
+        """A survivor's revealed shares, and the keys it sent ahead for its next round.
+
+        Keys that are not well-formed are ignored (the node advertises next time): they
+        must not cost this round the node's shares.
+        """
+        self._server.add_reveal(node, dict(result.revealed))
+        if self._ahead is None or not result.HasField("keys"):
+            return
+        try:
+            keys = keys_from_proto(result.keys)
+        except SecAggError:
+            return
+        self._ahead.put(self._by_id[node], keys)
 
     def _require_noise(self, survivors: frozenset[int]) -> None:
         """Abort before unmasking a sum that carries less noise than distributed DP planned."""

@@ -18,7 +18,9 @@
   and records it in one transaction).
 
 Under secure aggregation the SecAgg+ stages (:mod:`geofl.server.rounds.secure`) wrap the
-broadcast and the fit: ADVERTISE -> SHARE -> BROADCAST -> FIT -> UNMASK.
+broadcast and the fit: ADVERTISE -> SHARE -> BROADCAST -> FIT -> UNMASK. From the second
+secure round on, clients that unmasked the previous one sent their keys ahead in their
+unmask answer and skip ADVERTISE.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from geofl.server.rounds.records import (
     RoundRecord,
     secagg_abort_reason,
 )
-from geofl.server.rounds.secure import SecureRound
+from geofl.server.rounds.secure import KeysAhead, SecureRound
 from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
 from geofl.server.strategies import StrategyError
 from geofl.storage import CheckpointCorruptError
@@ -70,6 +72,8 @@ class SyncEngine:
         self._observer = parts.observer
         self._runner = parts.task_runner(settings.deadline_s)
         self._evaluation = Evaluation(settings, self._runner, parts.strategy, parts.server_evaluate)
+        #: Secure rounds: the keys survivors sent ahead for their next round.
+        self._keys_ahead = KeysAhead()
         self.weights: Weights = parts.weights
 
     async def run(self) -> None:
@@ -239,7 +243,9 @@ class SyncEngine:
         assert self._parts.secure is not None
         settings = self._parts.secure
         try:
-            secure = SecureRound(settings, record.number, cohort, spec_of(self.weights))
+            secure = SecureRound(
+                settings, record.number, cohort, spec_of(self.weights), self._keys_ahead
+            )
         except SecAggError as exc:  # e.g. a cohort too small to share secrets
             clock.enter(Phase.FAILED)
             raise RoundFailedError(f"secure aggregation cannot start: {exc}") from exc
