@@ -30,7 +30,13 @@ from geofl.protocols.types import Weights
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.storage import CheckpointRecord, CheckpointStore, Database, queries
+from geofl.storage import (
+    CheckpointCorruptError,
+    CheckpointRecord,
+    CheckpointStore,
+    Database,
+    queries,
+)
 from geofl.storage.queries import StagedUpdateRecord
 
 log = logging.getLogger(__name__)
@@ -38,7 +44,7 @@ log = logging.getLogger(__name__)
 #: Folder of the staged updates, inside the checkpoint directory.
 STAGED_DIRECTORY = "staged"
 
-__all__ = ["STAGED_DIRECTORY", "DurableUploads", "ResumedUpdate", "resumed_task"]
+__all__ = ["STAGED_DIRECTORY", "DurableUploads", "ResumedUpdate", "load_resumed", "resumed_task"]
 
 
 @dataclass(frozen=True)
@@ -250,4 +256,20 @@ def resumed_task(
         bytes_down_raw=record.bytes_down_raw,
         settled_at=record.created_at.timestamp(),
     )
+    return task, outcome
+
+
+async def load_resumed(update: ResumedUpdate) -> tuple[TaskRecord, Outcome]:
+    """The task and outcome a staged update stands for, its tensors loaded for the fold.
+
+    The file's digest is checked first; an unusable file makes the outcome a rejected
+    participation with its reason (the engines fold only ``ok`` outcomes).
+    """
+    task, outcome = resumed_task(update, asyncio.get_running_loop())
+    try:
+        tensors = await asyncio.to_thread(update.load)
+    except CheckpointCorruptError as exc:
+        outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
+    else:
+        outcome.payload = DeltaUpdate(tensors)
     return task, outcome

@@ -52,8 +52,8 @@ from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Scalar, Weights, WeightsView
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config.schedule import AsyncConfig, StalenessConfig
-from geofl.server.models.staging import ResumedUpdate, resumed_task
-from geofl.server.nodes.outcomes import DeltaUpdate, Outcome, OutcomeStatus
+from geofl.server.models.staging import ResumedUpdate, load_resumed
+from geofl.server.nodes.outcomes import Outcome, OutcomeStatus
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
 from geofl.server.rounds.evaluation import Evaluation
 from geofl.server.rounds.parts import EngineParts
@@ -74,7 +74,6 @@ from geofl.server.rounds.tasks import (
     weight_of,
 )
 from geofl.server.strategies import FlowerReplies, StrategyError, StreamingMean
-from geofl.storage import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -436,13 +435,8 @@ class FedBuffEngine:
         its task id, so its participation is the one its node earned before the restart.
         Its node is idle and may be given new work: that is a new task, not this one again.
         """
-        task, outcome = resumed_task(update, asyncio.get_running_loop())
-        try:
-            tensors = await asyncio.to_thread(update.load)
-        except CheckpointCorruptError as exc:
-            outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
-        else:
-            outcome.payload = DeltaUpdate(tensors)
+        task, outcome = await load_resumed(update)
+        if outcome.status == "ok":
             outcome = await self._admit(task, outcome)
         self._record.outcomes.append((task, outcome))
         self._observer.task_settled(self._record.number, task, outcome)

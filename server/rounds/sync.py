@@ -34,8 +34,8 @@ from functools import partial
 from geofl.protocols.secagg import SecAggAbortError, SecAggError
 from geofl.protocols.tensors import spec_of
 from geofl.protocols.types import Weights
-from geofl.server.models.staging import ResumedUpdate, resumed_task
-from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
+from geofl.server.models.staging import ResumedUpdate, load_resumed
+from geofl.server.nodes.outcomes import Outcome
 from geofl.server.nodes.registry import NodeSession, TaskKindName, TaskRecord
 from geofl.server.rounds.aggregation import Aggregation
 from geofl.server.rounds.evaluation import Evaluation
@@ -52,7 +52,6 @@ from geofl.server.rounds.records import (
 from geofl.server.rounds.secure import KeysAhead, SecureRound
 from geofl.server.rounds.tasks import StageInput, TakeResult, fold_update, summarise
 from geofl.server.strategies import StrategyError
-from geofl.storage import CheckpointCorruptError
 
 log = logging.getLogger(__name__)
 
@@ -212,13 +211,8 @@ class SyncEngine:
         self, record: RoundRecord, update: ResumedUpdate, aggregation: Aggregation
     ) -> Outcome:
         """Fold one staged update again (its file's digest checked first) and record it."""
-        task, outcome = resumed_task(update, asyncio.get_running_loop())
-        try:
-            tensors = await asyncio.to_thread(update.load)
-        except CheckpointCorruptError as exc:
-            outcome.status, outcome.reason = "rejected", f"staged update unusable: {exc}"
-        else:
-            outcome.payload = DeltaUpdate(tensors)
+        task, outcome = await load_resumed(update)
+        if outcome.status == "ok":
             fold = aggregation.folder(task, outcome)
             outcome = await fold_update(outcome, fold, self._cfg.max_examples_per_client)
         record.outcomes.append((task, outcome))
