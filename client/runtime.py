@@ -155,6 +155,7 @@ class ClientRuntime:
         self._secure = SecureRounds()
         self._stop = threading.Event()
         self._rejoin = threading.Event()
+        self._joining = threading.Lock()  # the heartbeat thread joins again, too
         self._slot: AbstractContextManager[object] = (
             options.compute_slot if options.compute_slot is not None else contextlib.nullcontext()
         )
@@ -196,9 +197,10 @@ class ClientRuntime:
             self._conn.close()
 
     def _join(self) -> None:
-        self.session = self._conn.join(
-            self._opt.node_name, self._opt.region, self._opt.node_config, timeout=10.0
-        )
+        with self._joining:
+            self.session = self._conn.join(
+                self._opt.node_name, self._opt.region, self._opt.node_config, timeout=10.0
+            )
         self._rejoin.clear()
         log.info("joined run %s as node %d", self.session.run_name, self.session.node_id)
         if self._context is None:
@@ -242,9 +244,30 @@ class ClientRuntime:
             try:
                 self._conn.heartbeat(timeout=5.0)
             except SessionError:
-                self._rejoin.set()
+                self._join_again()
             except (ServerUnavailableError, WireError):
                 pass
+
+    def _join_again(self) -> None:
+        """The server no longer knows our session (it restarted): join again from here.
+
+        The main thread may be busy with a task for many seconds yet; a restarted server
+        counts and tells only the nodes it knows (a run it ends meanwhile tells the joined
+        ones, then exits), so this node joins now. The task in hand was given by the old
+        session; the server settles its upload as it would any late one. Any failure is
+        left to the main thread, which joins again on its next call.
+        """
+        try:
+            with self._joining:
+                self.session = self._conn.join(
+                    self._opt.node_name, self._opt.region, self._opt.node_config, timeout=10.0
+                )
+        except GeoflError:
+            self._rejoin.set()
+            return
+        if self._context is not None:
+            self._context.node_id = self.session.node_id
+        log.info("the server had lost our session; joined again as node %d", self.session.node_id)
 
     # ----------------------------------------------------------- tasks
 

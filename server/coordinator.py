@@ -417,6 +417,9 @@ class Coordinator:
             self.db, Path(config.storage.checkpoints), self.run_id, clock=clock
         )
         durable = listen and stages_uploads(config)
+        partial = self.store.discard_partial_writes() + self.uploads.discard_partial_writes()
+        if partial:
+            log.info("deleted %d half-written file(s) a killed server left behind", partial)
         self._resumed: list[ResumedUpdate] = self._staged_before_restart() if durable else []
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).

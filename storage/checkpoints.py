@@ -37,6 +37,8 @@ _ORDER_KEY = "geofl.order"
 _FORMAT_KEY = "geofl.format"
 _FORMAT = "1"
 _SUFFIX = ".safetensors"
+#: Prefix of a file being written: ``.tmp-<pid>-<random>.safetensors``.
+_TEMPORARY = ".tmp-"
 _CHUNK = 1 << 20
 _DTYPES = frozenset(
     np.dtype(name)
@@ -117,7 +119,7 @@ class CheckpointStore:
             "geofl.round": str(round),
         }
         self.directory.mkdir(parents=True, exist_ok=True)
-        temporary = self.directory / f".tmp-{uuid.uuid4().hex}{_SUFFIX}"
+        temporary = self.directory / f"{_TEMPORARY}{os.getpid()}-{uuid.uuid4().hex}{_SUFFIX}"
         try:
             safetensors.numpy.save_file(tensors, temporary, metadata=metadata)
             _fsync_file(temporary)
@@ -128,6 +130,25 @@ class CheckpointStore:
             temporary.unlink(missing_ok=True)
         _fsync_directory(self.directory)
         return CheckpointRecord(final.name, digest, size, len(tensors))
+
+    def discard_partial_writes(self) -> int:
+        """Delete the half-written files of processes that are gone; how many there were.
+
+        A process killed inside :meth:`save` leaves its temporary file behind (never a
+        half-written checkpoint: the rename is the last step). Each temporary names its
+        writer's process id, so a live writer's file (another run sharing the folder) is
+        kept.
+        """
+        if not self.directory.is_dir():
+            return 0
+        removed = 0
+        for path in self.directory.glob(f"{_TEMPORARY}*{_SUFFIX}"):
+            writer = path.name.removeprefix(_TEMPORARY).split("-", 1)[0]
+            if writer.isdigit() and _alive(int(writer)):
+                continue
+            path.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     def load(self, record: CheckpointRecord) -> tuple[Weights, Weights]:
         """Read a checkpoint after verifying its size and SHA-256.
@@ -223,6 +244,18 @@ def _digest(path: Path) -> tuple[str, int]:
             sha.update(chunk)
             size += len(chunk)
     return sha.hexdigest(), size
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _fsync_file(path: Path) -> None:

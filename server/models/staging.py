@@ -78,6 +78,11 @@ class DurableUploads:
         self._run_id = run_id
         self._clock = clock
 
+    def discard_partial_writes(self) -> int:
+        """Delete staged files a killed coordinator left half-written (see
+        :meth:`geofl.storage.CheckpointStore.discard_partial_writes`)."""
+        return self._files.discard_partial_writes()
+
     async def stage(self, task: TaskRecord, outcome: Outcome) -> None:
         """Write ``task``'s accepted update to disk and record it; return once both are durable.
 

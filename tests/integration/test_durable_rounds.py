@@ -18,12 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 from geofl.storage.queries import StagedUpdateRecord
 from geofl.storage.records import RunDetail
 
 from .processes import free_port, start_client, start_geofl, write_config
+
+pytestmark = pytest.mark.timeout(300)
 
 
 def _staged(db_url: str) -> list[StagedUpdateRecord]:
@@ -50,9 +53,12 @@ class Killed:
     staged_dir: Path
 
 
-def _kill_and_restart(tmp_path: Path, **sections: Any) -> Killed:
-    """Four clients (sites 0 and 1 answer at once, 2 and 3 take 6 s); SIGKILL the server
-    once the fast sites' updates are staged, restart it and let the run finish."""
+def _kill_and_restart(
+    tmp_path: Path, fast: str = "behaviour=ok", slow_s: float = 6, **sections: Any
+) -> Killed:
+    """Four clients (sites 0 and 1 answer as ``fast`` says, 2 and 3 take ``slow_s``); SIGKILL
+    the server once two of the fast sites' updates are staged, restart it and let the run
+    finish."""
     port = free_port()
     config = write_config(
         tmp_path,
@@ -62,13 +68,14 @@ def _kill_and_restart(tmp_path: Path, **sections: Any) -> Killed:
         **sections,
     )
     db_url = f"sqlite:///{tmp_path / 'runs' / 'geofl.db'}"
-    server = start_geofl(tmp_path, "server", "-c", str(config))
+    server = start_geofl(tmp_path, "server", "-v", "-c", str(config))
     clients: list[subprocess.Popen[str]] = [
         start_client(
             tmp_path,
             port,
             i,
-            f"behaviour={'ok' if i < 2 else 'slow'} delay_s=6 count-dir={tmp_path}",
+            f"{fast if i < 2 else f'behaviour=slow delay_s={slow_s}'} count-dir={tmp_path}",
+            verbose=True,
         )
         for i in range(4)
     ]
@@ -81,11 +88,13 @@ def _kill_and_restart(tmp_path: Path, **sections: Any) -> Killed:
         server.send_signal(signal.SIGKILL)
         server.communicate(timeout=10)
         staged = _staged(db_url)
-        restarted = start_geofl(tmp_path, "server", "-c", str(config))
+        restarted = start_geofl(tmp_path, "server", "-v", "-c", str(config))
         output, _ = restarted.communicate(timeout=150)
+        (tmp_path / "server.log").write_text(output)
         assert restarted.returncode == 0, output
-        for client in clients:
-            out, _ = client.communicate(timeout=30)
+        for index, client in enumerate(clients):
+            out, _ = client.communicate(timeout=90)
+            (tmp_path / f"site-{index}.log").write_text(out)
             assert client.returncode == 0, out
     finally:
         for process in (server, *clients):
@@ -178,3 +187,35 @@ def _round_1_w(tmp_path: Path) -> Any:
     by_round = {r.round: r for r in rows}
     weights, _ = store.load(CheckpointRecord.from_row(by_round[1]))
     return weights["w"]
+
+
+def test_sigkill_with_a_half_full_fedbuff_buffer_keeps_the_buffered_updates(
+    tmp_path: Path,
+) -> None:
+    """FedBuff, K = 4: killed with two updates in the buffer, restarted, the buffer is
+    refilled with them (their task ids, no second participation) plus two arrivals."""
+    killed = _kill_and_restart(
+        tmp_path,
+        fast="behaviour=slow delay_s=1",
+        slow_s=8,
+        run={"rounds": 2},
+        schedule={
+            "mode": "async",
+            "deadline_s": 60,
+            "wait_for_clients_s": 60,
+            "fedbuff": {"buffer_size": 4, "concurrency": 4, "updates": 2},
+        },
+    )
+    staged_tasks = {r.task_id for r in killed.staged_at_kill}
+    assert len(staged_tasks) == 2
+    assert all(r.status == "committed" for r in killed.detail.rounds)
+    assert [r.number for r in killed.detail.rounds] == [1, 2]
+    fits = [p for p in killed.detail.participations if p.kind == "fit"]
+    first = [p for p in fits if p.round_number == 1 and p.status == "ok"]
+    assert len(first) == 4  # K updates made version 1
+    # The buffered updates were taken in with the participations their nodes earned
+    # before the kill, and no task was recorded twice.
+    assert staged_tasks <= {p.task_id for p in first}
+    task_ids = [p.task_id for p in fits]
+    assert len(task_ids) == len(set(task_ids))
+    assert not list(killed.staged_dir.glob("*.safetensors"))

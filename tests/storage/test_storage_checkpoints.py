@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +165,23 @@ def test_round_trip_property(
         assert loaded[name].dtype == array.dtype and loaded[name].shape == array.shape
         # Bitwise equality: NaN payloads and signed zeros must survive too.
         assert loaded[name].tobytes() == np.ascontiguousarray(array).tobytes()
+
+
+def test_half_written_files_of_dead_writers_are_discarded(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    record = store.save(1, 1, {"w": np.ones(3, np.float32)})
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = tmp_path / f".tmp-{gone.stdout.strip()}-0a1b.safetensors"
+    legacy = tmp_path / ".tmp-6fd580eaced047d0944b4250bb71a311.safetensors"  # before the pid
+    live = tmp_path / f".tmp-{os.getpid()}-0a1b.safetensors"  # this process may be writing it
+    for path in (dead, legacy, live):
+        path.write_bytes(b"half")
+    assert store.discard_partial_writes() == 2
+    assert not dead.exists() and not legacy.exists() and live.exists()
+    assert store.path_of(record).exists()  # finished checkpoints are never touched
+    assert CheckpointStore(tmp_path / "never-created").discard_partial_writes() == 0
