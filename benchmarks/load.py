@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,8 +220,28 @@ def crowd_names(crowd: int) -> list[str]:
     return [f"crowd-{i}" for i in range(crowd)]
 
 
+#: ``--split-cpus``: the server and the real clients on these CPUs, the crowd on the rest.
+SERVER_CPUS = frozenset({0})
+
+
+def _pinned(cpus: frozenset[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that pins the child (and every thread it starts) to ``cpus``."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
+def _crowd_cpus() -> frozenset[int]:
+    return frozenset(os.sched_getaffinity(0)) - SERVER_CPUS
+
+
 def _start_crowd(
-    port: int, crowd: int, processes: int, workdir: Path, auth: bool
+    port: int,
+    crowd: int,
+    processes: int,
+    workdir: Path,
+    auth: bool,
+    cpus: frozenset[int] | None = None,
 ) -> list[tuple[subprocess.Popen[bytes], Path]]:
     children = []
     names = crowd_names(crowd)
@@ -233,7 +253,10 @@ def _start_crowd(
         command += ["--port", str(port), "--status", str(status)]
         if auth:
             command += ["--keys", str(workdir / "keys")]
-        children.append((subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT), status))
+        child = subprocess.Popen(
+            command, env=_python_env(), cwd=REPO_ROOT, preexec_fn=_pinned(cpus)
+        )
+        children.append((child, status))
     return children
 
 
@@ -244,8 +267,17 @@ def _round_seconds(db_url: str) -> list[float]:
     return [r.duration_s for r in detail.rounds if r.duration_s is not None]
 
 
-def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[str, Any]:
-    """One server, ``crowd`` idle nodes, the real rounds; the case's figures."""
+def run_case(
+    crowd: int, rounds: int, crowd_processes: int, auth: bool, split_cpus: bool = False
+) -> dict[str, Any]:
+    """One server, ``crowd`` idle nodes, the real rounds; the case's figures.
+
+    ``split_cpus``: the server and the real clients run on :data:`SERVER_CPUS` and the
+    crowd on the other CPUs, so the crowd's own work does not slow the real round (the
+    crowd stands for nodes on other machines).
+    """
+    server_cpus = SERVER_CPUS if split_cpus else None
+    crowd_cpus = _crowd_cpus() if split_cpus else None
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
         port = free_port()
@@ -257,6 +289,7 @@ def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[
             [sys.executable, "-m", "geofl.server.cli.main", "server", "-c", str(config)],
             env=_python_env(),
             cwd=REPO_ROOT,
+            preexec_fn=_pinned(server_cpus),
         )
         children: list[tuple[subprocess.Popen[bytes], Path]] = []
         clients: list[subprocess.Popen[bytes]] = []
@@ -265,7 +298,7 @@ def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[
             proc = psutil.Process(server.pid)
             crowd_report: dict[str, Any] = {}
             if crowd:
-                children = _start_crowd(port, crowd, crowd_processes, workdir, auth)
+                children = _start_crowd(port, crowd, crowd_processes, workdir, auth, crowd_cpus)
                 _wait_for([s for _, s in children], timeout_s=600)
                 crowd_report = _joins([json.loads(s.read_text()) for _, s in children])
             idle_rss = proc.memory_info().rss
@@ -277,7 +310,10 @@ def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[
                 command += [f"num-partitions={REAL_CLIENTS}"]
                 if auth:
                     command += ["--node-key", str(workdir / "keys" / f"real-{i}.key")]
-                clients.append(subprocess.Popen(command, env=_python_env(), cwd=REPO_ROOT))
+                real = subprocess.Popen(
+                    command, env=_python_env(), cwd=REPO_ROOT, preexec_fn=_pinned(server_cpus)
+                )
+                clients.append(real)
             watch = _watch(proc, server, [s for _, s in children], timeout_s=900)
             for _, status in children:
                 status.with_suffix(".stop").write_text("")
@@ -292,6 +328,7 @@ def run_case(crowd: int, rounds: int, crowd_processes: int, auth: bool) -> dict[
                 "server_rss_peak_mb": watch.peak_rss / 2**20,
                 "server_cpu_share": (watch.cpu_s - cpu0) / (watch.at - t0),
                 "crowd_healthy_min": watch.healthy_min,
+                "split_cpus": split_cpus,
                 **crowd_report,
             }
         finally:
@@ -356,6 +393,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-auth", action="store_true", help="nodes join unauthenticated (default: Ed25519 keys)"
     )
+    parser.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="server and real clients on CPU 0, the crowd on the other CPUs (both cases)",
+    )
     parser.add_argument("--crowd-child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--keys", type=Path, help=argparse.SUPPRESS)
@@ -366,9 +408,11 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(_crowd(args.port, names, args.keys, args.status))
         return 0
     auth = not args.no_auth
-    cases = [run_case(0, args.rounds, args.crowd_processes, auth)]
+    if args.split_cpus and not _crowd_cpus():
+        parser.error("--split-cpus needs at least two CPUs")
+    cases = [run_case(0, args.rounds, args.crowd_processes, auth, args.split_cpus)]
     for size in (int(s) for s in args.crowds.split(",") if s):
-        cases.append(run_case(size, args.rounds, args.crowd_processes, auth))
+        cases.append(run_case(size, args.rounds, args.crowd_processes, auth, args.split_cpus))
         print(json.dumps(cases[-1]), file=sys.stderr)
     # Round 1 includes the real clients' start-up and joining: compare rounds 2..R.
     alone = statistics.median(cases[0]["round_s"][1:])

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+from benchmarks import load
 from benchmarks.load import run_case
 
 
@@ -11,3 +15,19 @@ def test_an_authenticated_crowd_is_held_while_real_clients_train() -> None:
     assert case["joined"] == 20
     assert case["crowd_healthy_min"] == 20
     assert len(case["round_s"]) == 2
+
+
+def test_split_cpus_pins_a_child_and_its_threads() -> None:
+    script = (
+        "import os, threading; t = threading.Thread(target=lambda: None); t.start(); "
+        "print(sorted(os.sched_getaffinity(0)))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=load._pinned(load.SERVER_CPUS),
+    )
+    assert child.stdout.strip() == str(sorted(load.SERVER_CPUS))
+    assert load._pinned(None) is None
