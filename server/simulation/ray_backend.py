@@ -61,6 +61,11 @@ __all__ = ["DEFAULT_IN_FLIGHT", "DispatchQueue", "PendingJob", "RayBackend"]
 
 log = logging.getLogger(__name__)
 
+#: A local Ray start is tried this many times. Ray waits a fixed 30 s for its raylet to
+#: register; on a loaded two-core machine the raylet was once never heard from
+#: (no log at all), while the next start a moment later came up at once.
+LOCAL_START_ATTEMPTS = 2
+
 #: Calls sent to one actor ahead of its results: one running, one ready to start, so the
 #: actor never idles on a round trip while later (more urgent) jobs can still overtake.
 DEFAULT_IN_FLIGHT = 2
@@ -348,12 +353,26 @@ def _init_ray(ray: ModuleType, actors: int) -> bool:
         options.update(address="local", num_cpus=max(actors, cores), include_dashboard=False)
     log.info("starting Ray (%s)", address or "local instance")
     try:
-        with _quiet_ray():
-            ray.init(**options)
+        _start_ray(ray, options, attempts=1 if address else LOCAL_START_ATTEMPTS)
     except Exception as exc:
         where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray"
         raise BackendError(f"could not start {where}: {_first_lines(exc)}") from exc
     return True
+
+
+def _start_ray(ray: ModuleType, options: dict[str, Any], attempts: int) -> None:
+    """``ray.init``, started again from scratch after each failure but the last."""
+    for _ in range(attempts - 1):
+        try:
+            with _quiet_ray():
+                ray.init(**options)
+            return
+        except Exception as exc:
+            log.warning("Ray did not start (%s); starting it again", _first_lines(exc, 1))
+            with _quiet_ray():
+                ray.shutdown()  # what half started: the GCS and its helpers
+    with _quiet_ray():
+        ray.init(**options)
 
 
 def _check_cpus(ray: ModuleType, actors: int) -> None:

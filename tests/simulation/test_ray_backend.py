@@ -27,7 +27,13 @@ import ray
 from geofl.protocols.types import Scalar, Weights
 from geofl.server.config import load_config
 from geofl.server.simulation.backends import BackendError, make_backend
-from geofl.server.simulation.ray_backend import DispatchQueue, PendingJob, RayBackend
+from geofl.server.simulation.ray_backend import (
+    LOCAL_START_ATTEMPTS,
+    DispatchQueue,
+    PendingJob,
+    RayBackend,
+    _init_ray,
+)
 from geofl.server.simulation.virtual import VirtualRun, run_virtual_simulation
 from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, WorkerSetup
 from geofl.storage import RunDetail, open_database
@@ -71,11 +77,10 @@ def _ray_module() -> Iterator[None]:
 
 
 @pytest.fixture
-def local_ray(_ray_module: None) -> ModuleType:
-    """A local Ray with two CPUs, started by the test (not by the backend)."""
-    if not ray.is_initialized():
-        with _quiet_ray():
-            ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+def local_ray(_ray_module: None, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A local Ray with at least two CPUs, started by the test (not by the backend)."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    _init_ray(ray, 2)  # with its retry of a local start that did not come up
     return ray
 
 
@@ -222,6 +227,54 @@ def test_without_ray_installed_start_says_how_to_install_it(
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` raise ImportError
     with pytest.raises(BackendError, match=r"pip install 'geofl\[ray\]'"):
         asyncio.run(RayBackend(_setup(), 1).start())
+
+
+class _FlakyRay:
+    """Stands in for the ``ray`` module: ``init`` fails its first ``failures`` calls."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[str] = []
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **options: Any) -> None:
+        self.calls.append(f"init {options.get('address')}")
+        if self.failures:
+            self.failures -= 1
+            raise Exception("The current node timed out during startup.")
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def test_a_local_ray_that_does_not_come_up_is_started_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flaky = _FlakyRay(failures=1)
+    assert _init_ray(flaky, 2) is True
+    assert flaky.calls == ["init local", "shutdown", "init local"]
+
+
+def test_a_local_ray_failing_every_start_is_a_backend_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    flaky = _FlakyRay(failures=LOCAL_START_ATTEMPTS)
+    with pytest.raises(BackendError, match="could not start a local Ray: The current node timed"):
+        _init_ray(flaky, 2)
+    assert flaky.calls.count("init local") == LOCAL_START_ATTEMPTS
+
+
+def test_a_cluster_address_is_tried_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster someone else runs is not ours to shut down and start again."""
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.9:6379")
+    flaky = _FlakyRay(failures=1)
+    with pytest.raises(BackendError, match=r"RAY_ADDRESS=10\.0\.0\.9:6379"):
+        _init_ray(flaky, 2)
+    assert flaky.calls == ["init 10.0.0.9:6379"]
 
 
 def test_submit_before_start_is_refused() -> None:
