@@ -5,15 +5,16 @@ node; ``--no-auth`` to compare) serves the quickstart run (scikit-learn digits, 
 ``schedule.selection.node_config: {pool: real}``, so rounds are trained by three real
 ``geofl client`` processes while a *crowd* of lightweight asyncio nodes stays connected:
 each crowd node has its own gRPC channel (its own TCP connection), signs the server's
-join challenge for that connection and joins, sends a
-heartbeat every ``server.heartbeat_interval_s`` and keeps a long poll for work open, as
-an idle client of a large federation does. The crowd runs in ``--crowd-processes``
-processes of this module (``--crowd-child``).
+join challenge for that connection and joins, then keeps a long poll for work open and
+sends a heartbeat every ``server.heartbeat_interval_s`` while no poll is open, as an idle
+``geofl client`` does. The crowd runs in ``--crowd-processes`` processes of this module
+(``--crowd-child``).
 
 Per case (crowd size 0, then each ``--crowds`` size): the crowd's join time and joins per
-second, the server's peak RSS and CPU share while the real rounds run (psutil), whether
-every crowd node stayed connected (heartbeats answered) throughout, and the seconds per
-real round read from the run's database. The real rounds' times (rounds 2..R: round 1
+second, the server's peak RSS and CPU share while the real rounds run (psutil), how many
+crowd nodes had their last call answered (fewest over the real rounds), how many the
+server took for gone (its "went offline" log lines), the crowd's failed calls, and the
+seconds per real round read from the run's database. The real rounds' times (rounds 2..R: round 1
 includes the real clients' start-up) are compared with the case without a crowd.
 
 Run as ``python -m benchmarks.load --crowds 1000,5000 --rounds 3``; prints JSON.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import statistics
@@ -43,6 +43,7 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from benchmarks.core import REPO_ROOT, free_port, stop_tree, stop_trees, wait_for_port
+from geofl.client.runtime import ClientOptions
 from geofl.protocols import identity
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
@@ -52,6 +53,8 @@ from geofl.storage import open_database, queries
 __all__ = ["main", "run_case"]
 
 HEARTBEAT_S = 5.0
+#: The long poll of an idle geofl client (its default).
+POLL_S = ClientOptions(server="-").poll_timeout_s
 JOIN_ATTEMPTS = 5
 REAL_CLIENTS = 3
 #: Each crowd node gets its own TCP connection, as separate machines would: without a
@@ -140,22 +143,35 @@ async def _crowd_node(
             return
         healthy.add(name)
         metadata = ((SESSION_METADATA_KEY, reply.session_token),)
+        polling = asyncio.Event()
 
-        async def beat() -> None:
+        async def beat() -> None:  # as geofl client: only while no long poll is open
             while not stop.is_set():
+                await asyncio.sleep(HEARTBEAT_S)
+                if polling.is_set():
+                    continue
                 try:
                     await stub.Heartbeat(pb.HeartbeatRequest(), metadata=metadata, timeout=60)
                     healthy.add(name)
                 except grpc.aio.AioRpcError:
                     healthy.discard(name)
-                await asyncio.sleep(HEARTBEAT_S)
 
         async def poll() -> None:
             while not stop.is_set():
-                with contextlib.suppress(grpc.aio.AioRpcError):
+                polling.set()
+                try:
                     await stub.GetTask(
-                        pb.GetTaskRequest(poll_timeout_s=30), metadata=metadata, timeout=90
+                        pb.GetTaskRequest(poll_timeout_s=POLL_S),
+                        metadata=metadata,
+                        timeout=POLL_S + 10.0,
                     )
+                    healthy.add(name)
+                except grpc.aio.AioRpcError as error:
+                    healthy.discard(name)
+                    failures[f"GetTask {error.code().name}: {error.details()}"[:160]] += 1
+                    await asyncio.sleep(1.0)
+                finally:
+                    polling.clear()
 
         tasks = [asyncio.create_task(beat()), asyncio.create_task(poll())]
         await stop.wait()
@@ -185,6 +201,7 @@ async def _crowd(port: int, names: Sequence[str], keys: Path | None, status: Pat
     stop_file = status.with_suffix(".stop")
     while not stop_file.exists():
         report["healthy"] = len(healthy)
+        report["failures"] = dict(failures)  # joins', then polls' and heartbeats'
         _write_atomically(status, json.dumps(report))
         await asyncio.sleep(1.0)
     stop.set()
@@ -285,12 +302,16 @@ def run_case(
             write_keys(workdir, [*crowd_names(crowd), *(f"real-{i}" for i in range(REAL_CLIENTS))])
         config = workdir / "run.yaml"
         config.write_text(yaml.safe_dump(run_yaml(port, rounds, workdir, auth)))
-        server = subprocess.Popen(
-            [sys.executable, "-m", "geofl.server.cli.main", "server", "-c", str(config)],
-            env=_python_env(),
-            cwd=REPO_ROOT,
-            preexec_fn=_pinned(server_cpus),
-        )
+        server_log = workdir / "server.log"
+        with server_log.open("wb") as log_file:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "geofl.server.cli.main", "server", "-v", "-c", str(config)],
+                env=_python_env(),
+                cwd=REPO_ROOT,
+                preexec_fn=_pinned(server_cpus),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+            )
         children: list[tuple[subprocess.Popen[bytes], Path]] = []
         clients: list[subprocess.Popen[bytes]] = []
         try:
@@ -315,6 +336,9 @@ def run_case(
                 )
                 clients.append(real)
             watch = _watch(proc, server, [s for _, s in children], timeout_s=900)
+            failures: Counter[str] = Counter()
+            for _, status in children:
+                failures.update(json.loads(status.read_text())["failures"])
             for _, status in children:
                 status.with_suffix(".stop").write_text("")
             for child, _ in children:
@@ -328,6 +352,8 @@ def run_case(
                 "server_rss_peak_mb": watch.peak_rss / 2**20,
                 "server_cpu_share": (watch.cpu_s - cpu0) / (watch.at - t0),
                 "crowd_healthy_min": watch.healthy_min,
+                "crowd_taken_offline": _offline_crowd_nodes(server_log),
+                "crowd_call_failures": dict(failures),
                 "split_cpus": split_cpus,
                 **crowd_report,
             }
@@ -336,6 +362,12 @@ def run_case(
             stop_tree(server.pid)
             for process in [*clients, *(c for c, _ in children), server]:
                 process.wait(30)
+
+
+def _offline_crowd_nodes(server_log: Path) -> int:
+    """Crowd nodes the server marked offline (``geofl server -v`` logs each one)."""
+    lines = server_log.read_text(errors="replace").splitlines()
+    return sum(1 for line in lines if "went offline" in line and "(crowd-" in line)
 
 
 def _joins(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -357,7 +389,7 @@ class _Watch:
     peak_rss: int = 0
     cpu_s: float = 0.0
     at: float = 0.0
-    #: The fewest crowd nodes with a heartbeat answered, over the real rounds (None: no crowd).
+    #: The fewest crowd nodes whose last call was answered, over the real rounds (None: no crowd).
     healthy_min: int | None = None
 
 

@@ -85,7 +85,8 @@ class ClientOptions:
     tls_key: Path | None = None
     #: Ed25519 key that proves the node's identity (``geofl keys new``).
     node_key: Path | None = None
-    poll_timeout_s: float = 20.0
+    #: How long one long poll for work waits; idle nodes send one RPC per poll.
+    poll_timeout_s: float = 30.0
     #: Give up when the server has been unreachable for this long.
     reconnect_for_s: float = 300.0
     backoff_base_s: float = 0.25
@@ -156,6 +157,8 @@ class ClientRuntime:
         self._stop = threading.Event()
         self._rejoin = threading.Event()
         self._joining = threading.Lock()  # the heartbeat thread joins again, too
+        #: Set while a long poll is open: the server counts it as a heartbeat.
+        self._polling = threading.Event()
         self._slot: AbstractContextManager[object] = (
             options.compute_slot if options.compute_slot is not None else contextlib.nullcontext()
         )
@@ -221,7 +224,11 @@ class ClientRuntime:
         """Handle tasks; True when the run is over."""
         while not self._rejoin.is_set():
             held = self._cache[0] if self._cache is not None else None
-            task = self._conn.get_task(self._opt.poll_timeout_s, held)
+            self._polling.set()
+            try:
+                task = self._conn.get_task(self._opt.poll_timeout_s, held)
+            finally:
+                self._polling.clear()
             if task.kind == pb.TASK_KIND_SHUTDOWN:
                 log.info("run over: %s", task.reason or "shutdown")
                 return True
@@ -238,8 +245,9 @@ class ClientRuntime:
         return False
 
     def _heartbeats(self) -> None:
-        while not self._stop.wait(self.session.heartbeat_interval_s if self.session else 1.0):
-            if self.session is None:
+        """Tell the server we are here while no long poll says so (fit, upload, ...)."""
+        while not self._stop.wait(self.session.heartbeat_interval_s if self.session else 0.1):
+            if self.session is None or self._polling.is_set():
                 continue
             try:
                 self._conn.heartbeat(timeout=5.0)

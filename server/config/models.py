@@ -269,7 +269,11 @@ class ServerConfig(Section):
         "server refuses to start.",
     )
     heartbeat_interval_s: float = Field(
-        default=5.0, gt=0, allow_inf_nan=False, description="Seconds between client heartbeats."
+        default=5.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds between client heartbeats; a node is offline after 3 missed. "
+        "A node waiting in a long poll sends none: the open poll counts.",
     )
     chunk_bytes: int = Field(
         default=MIB,

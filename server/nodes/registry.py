@@ -94,6 +94,9 @@ class NodeSession:
     node_config: dict[str, Scalar]
     token: str
     last_seen: float = 0.0  # Registry.clock.monotonic() of the last contact
+    #: Long polls (``GetTask``) the node has open: each says it is there, so a node
+    #: waiting for work needs no heartbeats (gRPC cancels the poll if it goes away).
+    polls_open: int = 0
     mailbox: asyncio.Queue[TaskRecord] = field(default_factory=asyncio.Queue)
     current: TaskRecord | None = None
     online: bool = True
@@ -299,13 +302,21 @@ class Registry:
     def expire(self) -> list[NodeSession]:
         """Mark nodes that missed ``patience`` heartbeats offline; return them.
 
+        A node with a long poll open is not silent: the poll is its heartbeat. A node
+        that vanished without closing its connection is found once that poll times out
+        (at most the server's longest poll) plus ``patience`` intervals.
+
         With simulated nodes attached, a node is online exactly while they say so, and
         one that comes back is online again.
         """
         if self._simulated is not None:
             return self._apply_presence(self._simulated)
         limit = self.clock.monotonic() - self._patience * self.heartbeat_interval_s
-        gone = [s for s in self._by_id.values() if s.online and s.last_seen < limit]
+        gone = [
+            s
+            for s in self._by_id.values()
+            if s.online and s.polls_open == 0 and s.last_seen < limit
+        ]
         for session in gone:
             session.online = False
             self._by_token.pop(session.token, None)

@@ -309,7 +309,11 @@ class CoordinatorServicer(pb_grpc.CoordinatorServicer):
     ) -> pb.Task:
         registry = self._s.registry
         if session.mailbox.empty() and not registry.finished.is_set():
-            await _wait_for_mail(session, registry, timeout)
+            session.polls_open += 1
+            try:
+                await _wait_for_mail(session, registry, timeout)
+            finally:
+                session.polls_open -= 1
         session.last_seen = self._s.registry.clock.monotonic()
         while not session.mailbox.empty():
             task = session.mailbox.get_nowait()

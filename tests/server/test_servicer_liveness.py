@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
 
+from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.nodes.registry import Registry
 from geofl.server.transport.servicer import CoordinatorServicer, ServerState
 
@@ -52,3 +54,44 @@ def test_every_upload_chunk_refreshes_the_session() -> None:
         return seen
 
     assert asyncio.run(main()) == [1010.0, 1020.0, 1030.0, 1040.0]
+
+
+def test_an_open_poll_keeps_a_node_online_until_grpc_cancels_it() -> None:
+    clock = SteppingClock()
+
+    async def main() -> None:
+        registry = Registry(heartbeat_interval_s=5.0, patience=3, clock=clock)
+        session = registry.session(registry.add(7, "idle", None, {}))
+        servicer = CoordinatorServicer(ServerState(registry, 1, "run", (), lambda *_: 7))
+        poll = asyncio.ensure_future(servicer._next_task(session, timeout=600.0))
+        await asyncio.sleep(0)
+        assert session.polls_open == 1
+        clock.now_s += 100.0  # no heartbeat for 20 intervals, but the poll is open
+        assert registry.expire() == []
+        poll.cancel()  # the node went away: gRPC cancels its call
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll
+        assert session.polls_open == 0
+        assert [s.node_id for s in registry.expire()] == [7]  # silent for 100 s
+
+    asyncio.run(main())
+
+
+def test_a_poll_that_times_out_counts_as_contact() -> None:
+    clock = SteppingClock()
+
+    async def main() -> None:
+        registry = Registry(heartbeat_interval_s=5.0, patience=3, clock=clock)
+        session = registry.session(registry.add(7, "idle", None, {}))
+        servicer = CoordinatorServicer(ServerState(registry, 1, "run", (), lambda *_: 7))
+        poll = asyncio.ensure_future(servicer._next_task(session, timeout=0.05))
+        await asyncio.sleep(0)
+        clock.now_s += 30.0  # the poll's 30 s on the node's clock
+        task = await poll
+        assert task.kind == pb.TASK_KIND_WAIT and session.polls_open == 0
+        clock.now_s += 14.0  # within 3 intervals of the poll's end
+        assert registry.expire() == []
+        clock.now_s += 2.0
+        assert [s.node_id for s in registry.expire()] == [7]
+
+    asyncio.run(main())
