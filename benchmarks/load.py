@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -33,7 +35,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -153,19 +155,22 @@ async def _crowd_node(
                 try:
                     await stub.Heartbeat(pb.HeartbeatRequest(), metadata=metadata, timeout=60)
                     healthy.add(name)
-                except grpc.aio.AioRpcError:
+                except grpc.aio.AioRpcError as error:
                     healthy.discard(name)
+                    failures[f"Heartbeat {error.code().name}: {error.details()}"[:160]] += 1
 
-        async def poll() -> None:
-            while not stop.is_set():
+        async def poll() -> None:  # until the server says the run is over
+            while True:
                 polling.set()
                 try:
-                    await stub.GetTask(
+                    task = await stub.GetTask(
                         pb.GetTaskRequest(poll_timeout_s=POLL_S),
                         metadata=metadata,
                         timeout=POLL_S + 10.0,
                     )
                     healthy.add(name)
+                    if task.kind == pb.TASK_KIND_SHUTDOWN:
+                        return
                 except grpc.aio.AioRpcError as error:
                     healthy.discard(name)
                     failures[f"GetTask {error.code().name}: {error.details()}"[:160]] += 1
@@ -173,8 +178,9 @@ async def _crowd_node(
                 finally:
                     polling.clear()
 
-        tasks = [asyncio.create_task(beat()), asyncio.create_task(poll())]
-        await stop.wait()
+        polls = asyncio.create_task(poll())
+        tasks = [asyncio.create_task(beat()), polls, asyncio.create_task(stop.wait())]
+        await asyncio.wait({polls, tasks[2]}, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             task.cancel()
 
@@ -335,10 +341,9 @@ def run_case(
                     command, env=_python_env(), cwd=REPO_ROOT, preexec_fn=_pinned(server_cpus)
                 )
                 clients.append(real)
-            watch = _watch(proc, server, [s for _, s in children], timeout_s=900)
-            failures: Counter[str] = Counter()
-            for _, status in children:
-                failures.update(json.loads(status.read_text())["failures"])
+            db_path = workdir / "load.db"
+            statuses = [s for _, s in children]
+            watch = _watch(proc, server, statuses, lambda: _rounds_ended(db_path) < rounds)
             for _, status in children:
                 status.with_suffix(".stop").write_text("")
             for child, _ in children:
@@ -347,13 +352,13 @@ def run_case(
                 "crowd": crowd,
                 "authenticated": auth,
                 "server_exit": server.returncode,
-                "round_s": _round_seconds(f"sqlite:///{workdir / 'load.db'}"),
+                "round_s": _round_seconds(f"sqlite:///{db_path}"),
                 "server_rss_idle_mb": idle_rss / 2**20,
                 "server_rss_peak_mb": watch.peak_rss / 2**20,
                 "server_cpu_share": (watch.cpu_s - cpu0) / (watch.at - t0),
                 "crowd_healthy_min": watch.healthy_min,
                 "crowd_taken_offline": _offline_crowd_nodes(server_log),
-                "crowd_call_failures": dict(failures),
+                "crowd_call_failures": dict(watch.failures),
                 "split_cpus": split_cpus,
                 **crowd_report,
             }
@@ -384,6 +389,18 @@ def _joins(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _rounds_ended(db_path: Path) -> int:
+    """Rounds of the run that ended (committed or failed) so far; 0 before the database."""
+    if not db_path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)) as db:
+        try:
+            row = db.execute("SELECT count(*) FROM rounds WHERE status != 'running'").fetchone()
+        except sqlite3.OperationalError:  # tables not created yet, or locked a moment
+            return 0
+    return int(row[0])
+
+
 @dataclass
 class _Watch:
     peak_rss: int = 0
@@ -391,15 +408,19 @@ class _Watch:
     at: float = 0.0
     #: The fewest crowd nodes whose last call was answered, over the real rounds (None: no crowd).
     healthy_min: int | None = None
+    #: The crowd's failed calls until the last real round ended (not the server's exit).
+    failures: Counter[str] = field(default_factory=Counter)
 
 
 def _watch(
     proc: psutil.Process,
     server: subprocess.Popen[bytes],
     statuses: Sequence[Path],
-    timeout_s: float,
+    in_rounds: Callable[[], bool],
+    timeout_s: float = 900,
 ) -> _Watch:
-    """Sample the server's RSS and CPU time and the crowd's health until the server exits."""
+    """Sample the server's RSS and CPU time until it exits, and the crowd's health and
+    failed calls while ``in_rounds()`` (the real rounds have not all ended)."""
     deadline = time.monotonic() + timeout_s
     watch = _Watch()
     while server.poll() is None:
@@ -410,9 +431,13 @@ def _watch(
             watch.cpu_s, watch.at = sum(proc.cpu_times()[:2]), time.monotonic()
         except psutil.NoSuchProcess:
             break
-        if statuses and server.poll() is None:
-            healthy = sum(json.loads(s.read_text())["healthy"] for s in statuses)
+        if statuses and in_rounds():
+            reports = [json.loads(s.read_text()) for s in statuses]
+            healthy = sum(r["healthy"] for r in reports)
             watch.healthy_min = min(healthy, watch.healthy_min or healthy)
+            watch.failures = Counter()
+            for report in reports:
+                watch.failures.update(report["failures"])
         time.sleep(0.5)
     return watch
 
