@@ -40,6 +40,7 @@ from geofl.server.models.store import ModelStore
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
+from geofl.server.nodes.revocation import RevokedCertificates
 from geofl.server.privacy import DistributedMechanism, PrivacyError, check_float_model
 from geofl.server.privacy.budget import BudgetGuard, PrivacyLedger
 from geofl.server.rounds.factory import make_engine
@@ -212,16 +213,21 @@ def check_exposure(config: ServerConfig, source: str = "server") -> None:
 
 
 def join_check(config: ServerConfig) -> JoinCheck:
-    """How ``config``'s server checks joining nodes (loads ``server.auth.nodes``).
+    """How ``config``'s server checks joining nodes (loads ``server.auth.nodes`` and
+    ``server.tls.crl``).
 
     Raises
     ------
     ConfigError
-        If the authorized nodes cannot be read or are invalid.
+        If the authorized nodes or the CRL cannot be read or are invalid.
     """
     keys = AuthorizedNodes(Path(config.auth.nodes)) if config.auth is not None else None
-    mutual = config.tls is not None and config.tls.client_ca is not None
-    return JoinCheck(keys=keys, certificates=mutual)
+    tls = config.tls
+    mutual = tls is not None and tls.client_ca is not None
+    revoked = None
+    if tls is not None and tls.client_ca is not None and tls.crl is not None:
+        revoked = RevokedCertificates(Path(tls.crl), Path(tls.client_ca))
+    return JoinCheck(keys=keys, certificates=mutual, revoked=revoked)
 
 
 def _credentials(config: ServerConfig) -> grpc.ServerCredentials | None:
@@ -289,10 +295,10 @@ async def start_grpc_server(
 async def watch_authorized_nodes(
     check: JoinCheck, registry: Registry, reload: asyncio.Event, interval_s: float = 1.0
 ) -> None:
-    """Re-read the authorized keys when a file changes or ``reload`` is set (SIGHUP), and
-    end the session of every node whose key is gone; until cancelled."""
-    keys = check.keys
-    if keys is None:
+    """Re-read the authorized keys and the CRL when a file changes or ``reload`` is set
+    (SIGHUP), and end the session of every node whose key is gone or whose certificate
+    is revoked; until cancelled."""
+    if check.keys is None and check.revoked is None:
         return
     while True:
         with contextlib.suppress(TimeoutError):
@@ -300,9 +306,9 @@ async def watch_authorized_nodes(
                 await reload.wait()
         forced = reload.is_set()
         reload.clear()
-        if not keys.refresh(force=forced):
+        if not check.refresh(force=forced):
             continue
-        for session in registry.end_sessions(keys.still_valid, "node key revoked"):
+        for session in registry.end_sessions(check.still_valid, "node credential revoked"):
             credential = session.identity.credential if session.identity else "-"
             log.warning("node %s (%s) revoked: session ended", session.name, credential)
 
@@ -670,9 +676,10 @@ class Coordinator:
         log.info("control API on port %d", self.control_port)
 
     def _watch_authorized_nodes(self) -> None:
-        """Follow ``server.auth.nodes``: on file changes, and on SIGHUP in the main thread."""
+        """Follow ``server.auth.nodes`` and ``server.tls.crl``: on file changes, and on
+        SIGHUP in the main thread."""
         check = self._state.join_check
-        if check.keys is None:
+        if check.keys is None and check.revoked is None:
             return
         self._watcher = asyncio.create_task(
             watch_authorized_nodes(check, self.registry, self.reload_nodes)

@@ -3,7 +3,8 @@
 ``geofl keys new NAME`` writes ``NAME.key`` (the node's Ed25519 private key, mode 0600)
 and ``NAME.node.yaml`` (its entry for the server's ``server.auth.nodes``). ``geofl certs``
 makes a private CA, a server certificate and node certificates for mutual TLS
-(``server.tls.client_ca``), with ``cryptography.x509``. See docs/security.md.
+(``server.tls.client_ca``), and revokes node certificates in the CA's CRL
+(``server.tls.crl``), with ``cryptography.x509``. See docs/security.md.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "add_arguments",
     "certs_ca",
     "certs_leaf",
+    "certs_revoke",
     "keys_new",
     "node_entry",
     "run_credentials",
@@ -182,6 +184,60 @@ def certs_leaf(
     return cert_path, key_path
 
 
+def _revoked_so_far(crl_path: Path, ca: x509.Certificate) -> list[x509.RevokedCertificate]:
+    """The entries of the CRL at ``crl_path`` (none if there is none yet), which ``ca`` signed."""
+    if not crl_path.exists():
+        return []
+    crl = x509.load_pem_x509_crl(crl_path.read_bytes())
+    key = ca.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not crl.is_signature_valid(key):
+        raise CredentialFileError(
+            f"{crl_path} is not a CRL of the CA {ca.subject.rfc4514_string()}"
+        )
+    return list(crl)
+
+
+def certs_revoke(ca_dir: Path, certificates: list[Path], crl_path: Path | None, days: int) -> Path:
+    """Add ``certificates`` to the CA's CRL (``<ca_dir>/crl.pem`` unless ``crl_path``) and
+    sign it again, valid ``days``; with no certificates, only renew it.
+
+    The entries already listed stay. The server (``server.tls.crl``) reads the new list
+    within a second and ends the revoked nodes' sessions.
+    """
+    ca, ca_key = _load_ca(ca_dir)
+    path = crl_path if crl_path is not None else ca_dir / "crl.pem"
+    entries = _revoked_so_far(path, ca)
+    listed = {entry.serial_number for entry in entries}
+    now = dt.datetime.now(dt.UTC)
+    for cert_path in certificates:
+        certificate = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        if certificate.issuer != ca.subject:
+            raise CredentialFileError(
+                f"{cert_path} was issued by {certificate.issuer.rfc4514_string()}, "
+                f"not by this CA ({ca.subject.rfc4514_string()})"
+            )
+        if certificate.serial_number in listed:
+            continue
+        listed.add(certificate.serial_number)
+        entries.append(
+            x509.RevokedCertificateBuilder()
+            .serial_number(certificate.serial_number)
+            .revocation_date(now)
+            .build()
+        )
+    builder = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.subject)
+        .last_update(now - dt.timedelta(minutes=5))
+        .next_update(now + dt.timedelta(days=days))
+    )
+    for entry in entries:
+        builder = builder.add_revoked_certificate(entry)
+    crl = builder.sign(ca_key, hashes.SHA256())
+    _write(path, crl.public_bytes(serialization.Encoding.PEM), secret=False, force=True)
+    return path
+
+
 def add_arguments(keys: argparse.ArgumentParser, certs: argparse.ArgumentParser) -> None:
     """``geofl keys new`` and ``geofl certs ca|server|node``."""
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
@@ -215,7 +271,17 @@ def add_arguments(keys: argparse.ArgumentParser, certs: argparse.ArgumentParser)
     )
     node.add_argument("name", metavar="NAME", help="the node's name")
     node.add_argument("--region", help="the node's region (the certificate's OU)")
-    for parser in (server, node):
+    revoke = certs_sub.add_parser(
+        "revoke",
+        help="revoke node certificates: add them to the CA's CRL (server.tls.crl)",
+        description="Add each CERT.pem to the CRL (default <ca>/crl.pem; entries already "
+        "there stay) and sign it again. With no CERT, only renew the CRL before its next "
+        "update.",
+    )
+    revoke.add_argument("certificates", nargs="*", type=Path, metavar="CERT.pem")
+    revoke.add_argument("--crl", type=Path, metavar="FILE", help="the CRL (default <ca>/crl.pem)")
+    revoke.add_argument("--days", type=int, default=30, help="until the next update (default 30)")
+    for parser in (server, node, revoke):
         parser.add_argument("--ca", type=Path, required=True, metavar="DIR", help="the CA folder")
     for parser in (new, ca, server, node):
         parser.add_argument("--out", type=Path, default=Path("."), metavar="DIR", help="folder")
@@ -227,6 +293,8 @@ def add_arguments(keys: argparse.ArgumentParser, certs: argparse.ArgumentParser)
 def _run(args: argparse.Namespace) -> list[Path]:
     if args.command == "keys":
         return list(keys_new(args.name, args.out, args.region, args.force))
+    if args.certs_command == "revoke":
+        return [certs_revoke(args.ca, args.certificates, args.crl, args.days)]
     if args.certs_command == "ca":
         return [certs_ca(args.out, args.name, args.days, args.force)]
     if args.certs_command == "server":

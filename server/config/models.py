@@ -228,6 +228,18 @@ class TlsConfig(Section):
         "client must present one, and its common name is the node's name (organizational "
         "unit: its region). null = clients need no certificate. See docs/security.md.",
     )
+    crl: ExistingFile | None = Field(
+        default=None,
+        description="Mutual TLS: certificate revocation list(s), PEM or DER, signed by a CA "
+        "of client_ca (geofl certs revoke writes one). A revoked certificate cannot join; "
+        "re-read on SIGHUP and when the file changes, ending revoked nodes' sessions.",
+    )
+
+    @model_validator(mode="after")
+    def _crl_needs_client_ca(self) -> TlsConfig:
+        if self.crl is not None and self.client_ca is None:
+            raise ValueError("crl: a CRL revokes client certificates; set client_ca too")
+        return self
 
 
 class AuthConfig(Section):

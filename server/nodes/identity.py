@@ -20,7 +20,7 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.config.errors import ConfigError
 from geofl.server.config.fields import Section
 from geofl.server.config.yamlsource import parse_yaml
+from geofl.server.nodes.revocation import CertificateId, RevokedCertificates
 
 __all__ = [
     "AuthorizedKey",
@@ -60,11 +61,13 @@ _NAME = r"^[A-Za-z0-9_.-]+$"
 @dataclass(frozen=True)
 class NodeIdentity:
     """A proven identity: the node's name, its region if the credential names one, and
-    the credential (``key SHA256:...`` or ``certificate CN=...``) for logs and revocation."""
+    the credential (``key SHA256:...`` or ``certificate CN=...``) for logs and revocation;
+    with mutual TLS, the client certificate's issuer and serial (what a CRL revokes)."""
 
     name: str
     region: str | None
     credential: str
+    certificate: CertificateId | None = None
 
 
 @dataclass(frozen=True)
@@ -311,7 +314,10 @@ def certificate_identity(auth_context: Mapping[str, Any]) -> NodeIdentity:
     if not name:
         raise IdentityRefusedError("the client certificate has no common name (CN)")
     region = first(NameOID.ORGANIZATIONAL_UNIT_NAME)
-    return NodeIdentity(name, region, f"certificate CN={name}")
+    serial = f"{certificate.serial_number:x}"
+    return NodeIdentity(
+        name, region, f"certificate CN={name} serial {serial}", CertificateId.of(certificate)
+    )
 
 
 @dataclass(frozen=True)
@@ -320,10 +326,27 @@ class JoinCheck:
 
     keys: AuthorizedNodes | None = None
     certificates: bool = False
+    #: Mutual TLS: the certificates revoked by ``server.tls.crl`` (None: no CRL).
+    revoked: RevokedCertificates | None = None
 
     @property
     def enabled(self) -> bool:
         return self.keys is not None or self.certificates
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Re-read the authorized keys and the CRL where changed; whether either changed."""
+        sources = [s for s in (self.keys, self.revoked) if s is not None]
+        changed = [source.refresh(force=force) for source in sources]  # every one, no short cut
+        return any(changed)
+
+    def still_valid(self, identity: NodeIdentity) -> bool:
+        """Whether a session's identity is still authorized: key listed, certificate not
+        revoked."""
+        if self.keys is not None and not self.keys.still_valid(identity):
+            return False
+        if self.revoked is None or identity.certificate is None:
+            return True
+        return not self.revoked.is_revoked(identity.certificate)
 
     def identify(
         self,
@@ -346,6 +369,11 @@ class JoinCheck:
         if not self.enabled:
             return None
         cert = certificate_identity(auth_context) if self.certificates else None
+        if cert is not None and not self.still_valid(cert):
+            raise IdentityRefusedError(
+                f"the client certificate of {cert.name!r} ({cert.credential}) is revoked "
+                "(server.tls.crl)"
+            )
         found = cert
         if self.keys is not None:
             binding = (run[0], run[1], run[2], request.node_name)
@@ -354,6 +382,8 @@ class JoinCheck:
                 raise IdentityRefusedError(
                     f"the client certificate names {cert.name!r} but the key is {found.name!r}'s"
                 )
+            if cert is not None:  # revoking either credential ends the session
+                found = replace(found, certificate=cert.certificate)
         if found is None:  # unreachable: enabled means keys or certificates
             raise IdentityRefusedError("no credential")
         if request.node_name and request.node_name != found.name:

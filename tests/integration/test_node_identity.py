@@ -32,7 +32,7 @@ from geofl.protocols.errors import (
 from geofl.protocols.identity import join_message, load_private_key, raw_public_key
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.protocols.v1 import geofl_pb2_grpc as pb_grpc
-from geofl.server.cli.credentials import certs_ca, certs_leaf, keys_new
+from geofl.server.cli.credentials import certs_ca, certs_leaf, certs_revoke, keys_new
 from geofl.server.config import RunConfig
 from geofl.server.relay import Relay, RelayConfig
 from geofl.storage import open_database
@@ -349,6 +349,54 @@ def test_mutual_tls_names_nodes_after_their_certificates(
     with open_database(config.storage.url, migrate=False) as db, db.session() as session:
         nodes = sorted((n.name, n.region) for n in session.scalars(select(Node)))
     assert nodes == [("node-0", "eu"), ("node-1", "eu")]
+
+
+def test_a_revoked_certificate_loses_its_session_and_cannot_join(
+    tmp_path: Path, serve: Any, pki: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    ca_dir = pki["ca"].parent
+    crl = certs_revoke(ca_dir, [], None, days=1)  # a CRL that revokes nobody yet
+    tls = {"cert": str(pki["cert"]), "key": str(pki["key"]), "client_ca": str(pki["ca"])}
+    config = run_config(
+        tmp_path,
+        run={"rounds": 1},
+        evaluation={"every": 0},
+        strategy={"clients_per_round": 2, "min_clients": 2},
+        schedule={"wait_for_clients_s": 60},
+        server={"tls": {**tls, "crl": str(crl)}},
+    )
+    server = serve(config)
+    address = f"localhost:{server.port}"
+    conn = Connection(address, pki["ca"], client_certificate=(pki["node-0.pem"], pki["node-0.key"]))
+    assert conn.join("", None, {}, timeout=5).node_name == "node-0"
+    conn.heartbeat(timeout=5)
+    certs_revoke(ca_dir, [pki["node-0.pem"]], None, days=1)  # the watcher re-reads it
+
+    def ended() -> bool:
+        try:
+            conn.heartbeat(timeout=5)
+        except SessionError:
+            return True
+        return False
+
+    _wait_for(ended, "the revoked certificate's session did not end")
+    with pytest.raises(IdentityRefusedError, match=r"revoked \(server\.tls\.crl\)"):
+        conn.join("", None, {}, timeout=5)
+    conn.close()
+    # The command line stops at once with the identity exit code, not after retrying.
+    trust = ("--root-certificates", str(pki["ca"]))
+    mine = ("--tls-cert", str(pki["node-0.pem"]), "--tls-key", str(pki["node-0.key"]))
+    code, err = _client_cli(server.port, *trust, *mine, capsys=capsys, host="localhost")
+    assert code == client_cli.EXIT_IDENTITY == 8 and "revoked" in err and "hint:" in err
+    # node-1's certificate is not revoked: it joins.
+    other = Connection(
+        address, pki["ca"], client_certificate=(pki["node-1.pem"], pki["node-1.key"])
+    )
+    assert other.join("", None, {}, timeout=5).node_name == "node-1"
+    other.close()
+    refused = _events(config, "security.identity")
+    reasons = [str(e.data["reason"]) for e in refused]
+    assert len(reasons) == 2 and all("'node-0'" in r and "revoked" in r for r in reasons)
 
 
 def test_a_relay_authenticates_upstream_and_downstream(
