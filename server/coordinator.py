@@ -37,7 +37,7 @@ from geofl.server.models.loading import UserCodeError, load_initial_weights, loa
 from geofl.server.models.spool import MemoryBudget
 from geofl.server.models.staging import DurableUploads, ResumedUpdate
 from geofl.server.models.store import ModelStore
-from geofl.server.nodes.clock import WALL_CLOCK, Clock
+from geofl.server.nodes.clock import WALL_CLOCK, Clock, LoopLoad
 from geofl.server.nodes.identity import AuthorizedNodes, JoinCheck
 from geofl.server.nodes.registry import Registry
 from geofl.server.nodes.revocation import RevokedCertificates
@@ -313,10 +313,27 @@ async def watch_authorized_nodes(
             log.warning("node %s (%s) revoked: session ended", session.name, credential)
 
 
-async def reap_offline(registry: Registry) -> None:
-    """Mark nodes that stopped sending heartbeats offline, until cancelled."""
+#: A loop thread at least this busy over a heartbeat interval was saturated.
+SATURATED_SHARE = 0.9
+
+
+async def reap_offline(registry: Registry, load: LoopLoad | None = None) -> None:
+    """Mark nodes that stopped sending heartbeats offline, until cancelled.
+
+    After an interval in which the event loop was saturated, silence says nothing: in a
+    join storm (thousands of nodes joining at once, as after a coordinator restart) the
+    first poll of a node that joined may wait in gRPC's queue longer than the patience,
+    and expiring it would make it join again and feed the storm. Such an interval counts
+    every node as heard (measured: 272 of 5,000 nodes were dropped so on one core).
+    """
+    load = load if load is not None else LoopLoad()  # made here: on the loop's thread
     while True:
         await asyncio.sleep(registry.heartbeat_interval_s)
+        busy = load.share()
+        if busy >= SATURATED_SHARE and not registry.clock.simulated:
+            log.info("event loop saturated (%.0f %% of a core): no node expired", 100 * busy)
+            registry.forgive_silence()
+            continue
         for node in registry.expire():
             log.info("node %d (%s) went offline", node.node_id, node.name)
 

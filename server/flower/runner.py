@@ -38,6 +38,7 @@ from geofl.server.coordinator import (
     AddressInUseError,
     RunResult,
     join_check,
+    reap_offline,
     start_grpc_server,
     watch_authorized_nodes,
 )
@@ -187,7 +188,7 @@ class FlowerCoordinator:
         thread = threading.Thread(
             target=self._main, args=(grid, loop, done), daemon=True, name="geofl-serverapp"
         )
-        reaper = asyncio.create_task(self._reap())
+        reaper = asyncio.create_task(reap_offline(self.registry))
         abort_wait = asyncio.ensure_future(aborted.wait())
         try:
             missing = await self._wait_for_nodes(abort_wait)
@@ -289,12 +290,6 @@ class FlowerCoordinator:
         rounds.finish(error)
         with self.db.session() as session:
             queries.finish_run(session, self.run_id, status, error)
-
-    async def _reap(self) -> None:
-        while True:
-            await asyncio.sleep(self.registry.heartbeat_interval_s)
-            for node in self.registry.expire():
-                log.info("node %d (%s) went offline", node.node_id, node.name)
 
     async def _shutdown_clients(self, grace_s: float) -> None:
         """Tell every online client the run is over (for ``grace_s`` at most), stop serving."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["WALL_CLOCK", "Clock", "LoopClock", "WallClock"]
+__all__ = ["WALL_CLOCK", "Clock", "LoopClock", "LoopLoad", "WallClock"]
 
 
 class Clock(Protocol):
@@ -81,3 +82,26 @@ class LoopClock:
     def elapsed(self) -> float:
         """Seconds since this clock was made."""
         return self._loop.time() - self._origin
+
+
+class LoopLoad:
+    """The share of wall time the calling thread spent on the CPU since the last look.
+
+    Made and read on the event loop's thread (``time.thread_time`` is per thread), it says
+    how saturated the loop was: near 1.0, calls that arrived may still wait, not taken up.
+    """
+
+    def __init__(
+        self,
+        cpu: Callable[[], float] = time.thread_time,
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._cpu, self._wall = cpu, wall
+        self._last = (cpu(), wall())
+
+    def share(self) -> float:
+        """CPU seconds over wall seconds since the previous call (or since made)."""
+        now = (self._cpu(), self._wall())
+        spent, elapsed = now[0] - self._last[0], now[1] - self._last[1]
+        self._last = now
+        return spent / elapsed if elapsed > 0 else 0.0

@@ -7,7 +7,11 @@ import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
 
+import pytest
+
 from geofl.protocols.v1 import geofl_pb2 as pb
+from geofl.server.coordinator import reap_offline
+from geofl.server.nodes.clock import LoopLoad
 from geofl.server.nodes.registry import Registry
 from geofl.server.transport.servicer import CoordinatorServicer, ServerState
 
@@ -95,3 +99,43 @@ def test_a_poll_that_times_out_counts_as_contact() -> None:
         assert [s.node_id for s in registry.expire()] == [7]
 
     asyncio.run(main())
+
+
+class _Ticks:
+    """A CPU clock and a wall clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.cpu = self.wall = 0.0
+
+
+def test_loop_load_is_cpu_seconds_over_wall_seconds() -> None:
+    ticks = _Ticks()
+    load = LoopLoad(lambda: ticks.cpu, lambda: ticks.wall)
+    ticks.cpu, ticks.wall = 4.8, 5.0
+    assert load.share() == pytest.approx(0.96)
+    ticks.cpu, ticks.wall = 5.3, 10.0  # 0.5 s of CPU in the next 5 s
+    assert load.share() == pytest.approx(0.1)
+    assert load.share() == 0.0  # no time passed
+
+
+def test_reaper_expires_nobody_after_a_saturated_interval() -> None:
+    """A join storm: the loop was busy for the whole interval, so silence says nothing."""
+
+    async def main() -> list[str]:
+        registry = Registry(heartbeat_interval_s=0.05, patience=1)
+        registry.add(7, "queued", None, {})
+        ticks = _Ticks()
+        load = LoopLoad(lambda: ticks.cpu, lambda: ticks.wall)
+        reaper = asyncio.create_task(reap_offline(registry, load))
+        for _ in range(4):  # four saturated intervals: the node's poll may wait in a queue
+            ticks.cpu += 1.0
+            ticks.wall += 1.0
+            await asyncio.sleep(0.06)
+        kept = [s.name for s in registry.online()]
+        ticks.wall += 1.0  # an idle interval: now silence counts
+        await asyncio.sleep(0.15)
+        reaper.cancel()
+        assert [s.name for s in registry.online()] == []
+        return kept
+
+    assert asyncio.run(main()) == ["queued"]
