@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -85,23 +86,32 @@ class LoopClock:
 
 
 class LoopLoad:
-    """The share of wall time the calling thread spent on the CPU since the last look.
+    """How saturated the server was since the last look, as a share of what it could use.
 
-    Made and read on the event loop's thread (``time.thread_time`` is per thread), it says
-    how saturated the loop was: near 1.0, calls that arrived may still wait, not taken up.
+    The larger of two shares of wall time: the event loop thread's CPU time
+    (``time.thread_time``, so it is made and read on the loop's thread), and the process's
+    CPU time over the CPUs it may run on. Either near 1.0 means calls that arrived may
+    still wait, not taken up: the loop is busy, or the process has no CPU left.
     """
 
     def __init__(
         self,
-        cpu: Callable[[], float] = time.thread_time,
+        thread_cpu: Callable[[], float] = time.thread_time,
+        process_cpu: Callable[[], float] = time.process_time,
         wall: Callable[[], float] = time.monotonic,
+        cpus: int | None = None,
     ) -> None:
-        self._cpu, self._wall = cpu, wall
-        self._last = (cpu(), wall())
+        self._clocks = (thread_cpu, process_cpu, wall)
+        self._cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float]:
+        thread_cpu, process_cpu, wall = self._clocks
+        return thread_cpu(), process_cpu(), wall()
 
     def share(self) -> float:
-        """CPU seconds over wall seconds since the previous call (or since made)."""
-        now = (self._cpu(), self._wall())
-        spent, elapsed = now[0] - self._last[0], now[1] - self._last[1]
+        """The larger share since the previous call (or since made)."""
+        now = self._read()
+        thread, process, elapsed = (a - b for a, b in zip(now, self._last, strict=True))
         self._last = now
-        return spent / elapsed if elapsed > 0 else 0.0
+        return max(thread, process / self._cpus) / elapsed if elapsed > 0 else 0.0

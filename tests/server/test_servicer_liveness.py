@@ -102,18 +102,23 @@ def test_a_poll_that_times_out_counts_as_contact() -> None:
 
 
 class _Ticks:
-    """A CPU clock and a wall clock the test moves by hand."""
+    """The loop thread's and the process's CPU clocks and a wall clock, moved by hand."""
 
     def __init__(self) -> None:
-        self.cpu = self.wall = 0.0
+        self.thread = self.process = self.wall = 0.0
+
+    def load(self, cpus: int = 2) -> LoopLoad:
+        return LoopLoad(lambda: self.thread, lambda: self.process, lambda: self.wall, cpus)
 
 
-def test_loop_load_is_cpu_seconds_over_wall_seconds() -> None:
+def test_loop_load_is_the_busier_of_the_loop_thread_and_the_process() -> None:
     ticks = _Ticks()
-    load = LoopLoad(lambda: ticks.cpu, lambda: ticks.wall)
-    ticks.cpu, ticks.wall = 4.8, 5.0
+    load = ticks.load(cpus=2)
+    ticks.thread, ticks.process, ticks.wall = 4.8, 5.0, 5.0  # the loop thread saturated
     assert load.share() == pytest.approx(0.96)
-    ticks.cpu, ticks.wall = 5.3, 10.0  # 0.5 s of CPU in the next 5 s
+    ticks.thread, ticks.process, ticks.wall = 5.3, 14.5, 10.0  # both CPUs taken by threads
+    assert load.share() == pytest.approx(0.95)
+    ticks.thread, ticks.process, ticks.wall = 5.8, 15.5, 15.0
     assert load.share() == pytest.approx(0.1)
     assert load.share() == 0.0  # no time passed
 
@@ -125,10 +130,10 @@ def test_reaper_expires_nobody_after_a_saturated_interval() -> None:
         registry = Registry(heartbeat_interval_s=0.05, patience=1)
         registry.add(7, "queued", None, {})
         ticks = _Ticks()
-        load = LoopLoad(lambda: ticks.cpu, lambda: ticks.wall)
-        reaper = asyncio.create_task(reap_offline(registry, load))
+        reaper = asyncio.create_task(reap_offline(registry, ticks.load()))
         for _ in range(4):  # four saturated intervals: the node's poll may wait in a queue
-            ticks.cpu += 1.0
+            ticks.thread += 1.0
+            ticks.process += 1.0
             ticks.wall += 1.0
             await asyncio.sleep(0.06)
         kept = [s.name for s in registry.online()]
