@@ -13,7 +13,8 @@ sends a heartbeat every ``server.heartbeat_interval_s`` while no poll is open, a
 Per case (crowd size 0, then each ``--crowds`` size): the crowd's join time and joins per
 second, the server's peak RSS and CPU share while the real rounds run (psutil), how many
 crowd nodes had their last call answered (fewest over the real rounds), how many the
-server took for gone (its "went offline" log lines), the crowd's failed calls, and the
+server took for gone (its "went offline" log lines), the crowd's failed calls and
+re-joins (a crowd node joins again when the server no longer knows its session), and the
 seconds per real round read from the run's database. The real rounds' times (rounds 2..R: round 1
 includes the real clients' start-up) are compared with the case without a crowd.
 
@@ -116,6 +117,23 @@ async def _prove(stub: Any, request: pb.JoinRequest, key: Ed25519PrivateKey) -> 
     request.proof.signature = key.sign(message)
 
 
+async def _join(
+    stub: Any, name: str, key: Ed25519PrivateKey | None, failures: Counter[str]
+) -> pb.JoinReply | None:
+    """Join as geofl client does, retrying a failed join; ``None`` if every attempt failed."""
+    for _ in range(JOIN_ATTEMPTS):
+        request = pb.JoinRequest(protocol_versions=[1], node_name=name)
+        request.node_config["pool"].string = "crowd"
+        try:
+            if key is not None:
+                await _prove(stub, request, key)
+            reply: pb.JoinReply = await stub.Join(request, timeout=120)
+            return reply
+        except grpc.aio.AioRpcError as error:
+            failures[f"{error.code().name}: {error.details()}"[:160]] += 1
+    return None
+
+
 async def _crowd_node(
     port: int,
     name: str,
@@ -125,64 +143,76 @@ async def _crowd_node(
     healthy: set[str],
     failures: Counter[str],
 ) -> None:
-    """One idle node; in ``healthy`` while its last heartbeat was answered."""
+    """One idle node; in ``healthy`` while its last call was answered.
+
+    Like geofl client, it joins again when the server no longer knows its session
+    (``UNAUTHENTICATED``); ``failures["rejoins"]`` counts those joins.
+    """
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=CHANNEL_OPTIONS) as channel:
         stub = pb_grpc.CoordinatorStub(channel)  # type: ignore[no-untyped-call]
         t0 = time.perf_counter()
-        reply = None
-        for _ in range(JOIN_ATTEMPTS):  # as geofl client retries a failed join
-            request = pb.JoinRequest(protocol_versions=[1], node_name=name)
-            request.node_config["pool"].string = "crowd"
-            try:
-                if key is not None:
-                    await _prove(stub, request, key)
-                reply = await stub.Join(request, timeout=120)
-                break
-            except grpc.aio.AioRpcError as error:
-                failures[f"{error.code().name}: {error.details()}"[:160]] += 1
+        reply = await _join(stub, name, key, failures)
         await joined.put(time.perf_counter() - t0 if reply is not None else None)
-        if reply is None:
-            return
-        healthy.add(name)
-        metadata = ((SESSION_METADATA_KEY, reply.session_token),)
-        polling = asyncio.Event()
+        while reply is not None and not stop.is_set():
+            healthy.add(name)
+            if await _idle_session(stub, name, reply.session_token, stop, healthy, failures):
+                return  # the run is over
+            failures["rejoins"] += 1
+            reply = await _join(stub, name, key, failures)
 
-        async def beat() -> None:  # as geofl client: only while no long poll is open
-            while not stop.is_set():
-                await asyncio.sleep(HEARTBEAT_S)
-                if polling.is_set():
-                    continue
-                try:
-                    await stub.Heartbeat(pb.HeartbeatRequest(), metadata=metadata, timeout=60)
-                    healthy.add(name)
-                except grpc.aio.AioRpcError as error:
-                    healthy.discard(name)
-                    failures[f"Heartbeat {error.code().name}: {error.details()}"[:160]] += 1
 
-        async def poll() -> None:  # until the server says the run is over
-            while True:
-                polling.set()
-                try:
-                    task = await stub.GetTask(
-                        pb.GetTaskRequest(poll_timeout_s=POLL_S),
-                        metadata=metadata,
-                        timeout=POLL_S + 10.0,
-                    )
-                    healthy.add(name)
-                    if task.kind == pb.TASK_KIND_SHUTDOWN:
-                        return
-                except grpc.aio.AioRpcError as error:
-                    healthy.discard(name)
-                    failures[f"GetTask {error.code().name}: {error.details()}"[:160]] += 1
-                    await asyncio.sleep(1.0)
-                finally:
-                    polling.clear()
+async def _idle_session(
+    stub: Any,
+    name: str,
+    token: str,
+    stop: asyncio.Event,
+    healthy: set[str],
+    failures: Counter[str],
+) -> bool:
+    """Poll and heartbeat until SHUTDOWN or ``stop`` (``True``) or the session is lost."""
+    metadata = ((SESSION_METADATA_KEY, token),)
+    polling = asyncio.Event()
 
-        polls = asyncio.create_task(poll())
-        tasks = [asyncio.create_task(beat()), polls, asyncio.create_task(stop.wait())]
-        await asyncio.wait({polls, tasks[2]}, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            task.cancel()
+    async def beat() -> None:  # as geofl client: only while no long poll is open
+        while not stop.is_set():
+            await asyncio.sleep(HEARTBEAT_S)
+            if polling.is_set():
+                continue
+            try:
+                await stub.Heartbeat(pb.HeartbeatRequest(), metadata=metadata, timeout=60)
+                healthy.add(name)
+            except grpc.aio.AioRpcError as error:
+                healthy.discard(name)
+                failures[f"Heartbeat {error.code().name}: {error.details()}"[:160]] += 1
+
+    async def poll() -> bool:  # until the server says the run is over or forgets us
+        while True:
+            polling.set()
+            try:
+                task = await stub.GetTask(
+                    pb.GetTaskRequest(poll_timeout_s=POLL_S),
+                    metadata=metadata,
+                    timeout=POLL_S + 10.0,
+                )
+                healthy.add(name)
+                if task.kind == pb.TASK_KIND_SHUTDOWN:
+                    return True
+            except grpc.aio.AioRpcError as error:
+                healthy.discard(name)
+                failures[f"GetTask {error.code().name}: {error.details()}"[:160]] += 1
+                if error.code() == grpc.StatusCode.UNAUTHENTICATED:
+                    return False
+                await asyncio.sleep(1.0)
+            finally:
+                polling.clear()
+
+    polls = asyncio.create_task(poll())
+    stopped = asyncio.create_task(stop.wait())
+    beats = asyncio.create_task(beat())
+    await asyncio.wait({polls, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (polls, stopped, beats):
+        task.cancel()
+    return stop.is_set() or (polls.done() and not polls.cancelled() and polls.result())
 
 
 async def _crowd(port: int, names: Sequence[str], keys: Path | None, status: Path) -> None:

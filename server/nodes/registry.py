@@ -7,6 +7,7 @@ Everything runs on one asyncio event loop, so no locks are needed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections import OrderedDict, deque
@@ -28,6 +29,8 @@ from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.nodes.clock import WALL_CLOCK, Clock
 from geofl.server.nodes.identity import NodeIdentity
 from geofl.server.nodes.outcomes import Outcome
+
+log = logging.getLogger(__name__)
 
 #: Settled task ids remembered, to tell a duplicate upload from an unknown task.
 _SETTLED_MEMORY = 100_000
@@ -100,6 +103,8 @@ class NodeSession:
     mailbox: asyncio.Queue[TaskRecord] = field(default_factory=asyncio.Queue)
     current: TaskRecord | None = None
     online: bool = True
+    #: Taken offline for silence only: its next call (from its connection) brings it back.
+    expired: bool = False
     #: The proven identity (None on a server that authenticates no one).
     identity: NodeIdentity | None = None
     #: The connection an authenticated session is bound to (gRPC peer), else None.
@@ -244,14 +249,29 @@ class Registry:
         a token presented from another one is unknown there.
         """
         session = self._by_token.get(token or "")
-        if session is None or not session.online:
+        if session is None or not (session.online or session.expired):
             raise SessionError("unknown node session; join again")
         if session.peer is not None and peer != session.peer:
             raise SessionError(
                 f"the session of node {session.name!r} is bound to another connection; join again"
             )
         session.last_seen = self.clock.monotonic()
+        if not session.online:
+            self._revive(session)
         return session
+
+    def _revive(self, session: NodeSession) -> None:
+        """A node taken offline for silence called again: it is online again.
+
+        Its call may only have waited in a queue (a saturated server, a slow network) or
+        its network came back; making it join again would cost a join (with a signature
+        check) per node, which in a join storm feeds the storm. The task it held was
+        dropped when it went offline and stays so. Flower's SuperLink does the same: a
+        node marked offline is online again at its next heartbeat.
+        """
+        session.online, session.expired = True, False
+        log.info("node %d (%s) is back online", session.node_id, session.name)
+        self.changes.notify()
 
     def bound_session(self, token: str | None) -> NodeSession | None:
         """The live session of ``token`` if it is bound to a connection (else ``None``)."""
@@ -263,10 +283,10 @@ class Registry:
         ended = [
             s
             for s in self._by_id.values()
-            if s.online and s.identity is not None and not keep(s.identity)
+            if (s.online or s.expired) and s.identity is not None and not keep(s.identity)
         ]
         for session in ended:
-            session.online = False
+            session.online = session.expired = False
             self._by_token.pop(session.token, None)
             self._drop_current(session, reason)
         if ended:
@@ -304,7 +324,8 @@ class Registry:
 
         A node with a long poll open is not silent: the poll is its heartbeat. A node
         that vanished without closing its connection is found once that poll times out
-        (at most the server's longest poll) plus ``patience`` intervals.
+        (at most the server's longest poll) plus ``patience`` intervals. Its session
+        stays known: a later call of it brings it back (see :meth:`session`).
 
         With simulated nodes attached, a node is online exactly while they say so, and
         one that comes back is online again.
@@ -318,8 +339,7 @@ class Registry:
             if s.online and s.polls_open == 0 and s.last_seen < limit
         ]
         for session in gone:
-            session.online = False
-            self._by_token.pop(session.token, None)
+            session.online, session.expired = False, True
             self._drop_current(session, "node stopped sending heartbeats")
         if gone:
             self.changes.notify()

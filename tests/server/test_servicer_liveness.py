@@ -1,4 +1,5 @@
-"""A node's upload is proof of life: heartbeats queued behind it on a slow link don't count."""
+"""Liveness: uploads and polls are proof of life, a saturated server expires no one, and a
+node taken offline for silence is back at its next call."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from geofl.protocols.errors import SessionError
 from geofl.protocols.v1 import geofl_pb2 as pb
 from geofl.server.coordinator import reap_offline
 from geofl.server.nodes.clock import LoopLoad
+from geofl.server.nodes.identity import NodeIdentity
 from geofl.server.nodes.registry import Registry
 from geofl.server.transport.servicer import CoordinatorServicer, ServerState
 
@@ -144,3 +147,45 @@ def test_reaper_expires_nobody_after_a_saturated_interval() -> None:
         return kept
 
     assert asyncio.run(main()) == ["queued"]
+
+
+def test_a_node_taken_offline_for_silence_is_back_at_its_next_call() -> None:
+    """Its call may only have waited in a queue: no new join, but its task stays dropped."""
+    clock = SteppingClock()
+
+    async def main() -> None:
+        registry = Registry(heartbeat_interval_s=5.0, clock=clock)
+        token = registry.add(7, "late", None, {}, peer="ipv4:127.0.0.1:5000")
+        task = registry.assign(
+            registry.session(token, "ipv4:127.0.0.1:5000"), "fit", 1, 0, {}, 1e12
+        )
+        changes: list[int] = []
+        registry.changes.subscribe(lambda: changes.append(1))
+        clock.now_s += 16.0
+        assert [s.node_id for s in registry.expire()] == [7]
+        assert registry.online() == [] and task.future.result().status == "dropped"
+        with pytest.raises(SessionError, match="bound to another connection"):
+            registry.session(token, "ipv4:127.0.0.1:6000")
+        assert registry.online() == []
+        session = registry.session(token, "ipv4:127.0.0.1:5000")
+        assert session.online and registry.available() == [session]
+        assert session.current is None and len(changes) == 2  # offline, then back
+        assert registry.expire() == []  # the call was contact
+
+    asyncio.run(main())
+
+
+def test_a_revoked_node_taken_offline_for_silence_cannot_come_back() -> None:
+    clock = SteppingClock()
+
+    async def main() -> None:
+        registry = Registry(heartbeat_interval_s=5.0, clock=clock)
+        identity = NodeIdentity("gone", None, "key SHA256:x")
+        token = registry.add(7, "gone", None, {}, identity=identity)
+        clock.now_s += 16.0
+        assert len(registry.expire()) == 1
+        assert [s.node_id for s in registry.end_sessions(lambda _: False, "revoked")] == [7]
+        with pytest.raises(SessionError, match="unknown node session"):
+            registry.session(token)
+
+    asyncio.run(main())
