@@ -57,11 +57,15 @@ import yaml
 
 from benchmarks.core import REPO_ROOT, System, heavy_lock
 from benchmarks.flower_system import FlowerSimulationSystem, FlowerSystem
-from benchmarks.geofl_system import GeoflSimulationSystem, GeoflSystem
+from benchmarks.geofl_system import (
+    GeoflSimulationSystem,
+    GeoflSystem,
+    add_geofl_set_option,
+    check_geofl_set,
+)
 from benchmarks.harness import run_case
 from benchmarks.workloads import WORKLOADS, NamedWorkload, get_workload
 from geofl.server.config.errors import ConfigError
-from geofl.server.config.overrides import parse_override
 
 __all__ = [
     "METRICS",
@@ -330,14 +334,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="a setting of the simulation section of geofl's simulation runs, e.g. "
         "pooled=false or client_threads=0 (repeatable)",
     )
-    parser.add_argument(
-        "--geofl-set",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a value of geofl's run file, as `geofl --set` does, e.g. "
-        "storage.stage_uploads=false (repeatable)",
-    )
+    add_geofl_set_option(parser)
     parser.add_argument(
         "--no-lock",
         action="store_true",
@@ -358,10 +355,9 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error("--repeats must be >= 1 and --rounds >= 2 (round 1 is start-up)")
     try:
         args.geofl_sim = parse_settings(args.geofl_sim)
-        for text in args.geofl_set:
-            parse_override(text)
     except (ValueError, ConfigError) as exc:
         parser.error(str(exc))
+    check_geofl_set(parser, args)
     return args
 
 

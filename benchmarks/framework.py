@@ -29,7 +29,7 @@ from rich.table import Table
 
 from benchmarks.core import System, Workload
 from benchmarks.flower_system import FlowerSystem
-from benchmarks.geofl_system import GeoflSystem
+from benchmarks.geofl_system import GeoflSystem, add_geofl_set_option, check_geofl_set
 from benchmarks.harness import run_case
 from benchmarks.loopback_bound import measure_loopback
 
@@ -178,14 +178,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/framework.json"))
     parser.add_argument("--no-loopback", action="store_true", help="skip the loopback bound")
     parser.add_argument("--keep-workdirs", action="store_true", help="keep logs of good runs")
-    parser.add_argument(
-        "--geofl-set",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a value of geofl's run file, as `geofl --set` does, e.g. "
-        "storage.stage_uploads=false (repeatable)",
-    )
+    add_geofl_set_option(parser)
     parser.add_argument(
         "--max-rss-gb",
         type=float,
@@ -193,6 +186,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="kill a deployment whose processes together pass this resident memory (GB)",
     )
     args = parser.parse_args(argv)
+    check_geofl_set(parser, args)
     unknown = [s for s in args.systems.split(",") if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown system(s) {unknown}; choose from {sorted(SYSTEMS)}")

@@ -22,6 +22,7 @@ Per run, in the harness's fresh work directory:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -48,6 +49,7 @@ from benchmarks.core import (
     wait_for_port,
 )
 from geofl.protocols.types import Weights
+from geofl.server.config.errors import ConfigError
 from geofl.server.config.overrides import apply_overrides, parse_override
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database, queries
 
@@ -197,6 +199,27 @@ def final_shift(initial: Mapping[str, np.ndarray], final: Mapping[str, np.ndarra
         total += float(np.subtract(end, start, dtype=np.float64).sum())
         count += start.size
     return total / count if count else 0.0
+
+
+def add_geofl_set_option(parser: argparse.ArgumentParser) -> None:
+    """``--geofl-set KEY.PATH=VALUE`` (repeatable): overrides of geofl's run file."""
+    parser.add_argument(
+        "--geofl-set",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a value of geofl's run file, as `geofl --set` does, e.g. "
+        "storage.stage_uploads=false (repeatable)",
+    )
+
+
+def check_geofl_set(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a malformed ``--geofl-set`` before any run starts (``parser.error`` exits)."""
+    try:
+        for text in args.geofl_set:
+            parse_override(text)
+    except (ValueError, ConfigError) as exc:
+        parser.error(str(exc))
 
 
 class GeoflSystem(System):

@@ -313,7 +313,7 @@ async def watch_authorized_nodes(
             log.warning("node %s (%s) revoked: session ended", session.name, credential)
 
 
-#: A loop thread at least this busy over a heartbeat interval was saturated.
+#: A server at least this busy over a heartbeat interval (LoopLoad.share) was saturated.
 SATURATED_SHARE = 0.9
 
 
@@ -331,7 +331,7 @@ async def reap_offline(registry: Registry, load: LoopLoad | None = None) -> None
         await asyncio.sleep(registry.heartbeat_interval_s)
         busy = load.share()
         if busy >= SATURATED_SHARE and not registry.clock.simulated:
-            log.info("event loop saturated (%.0f %% of a core): no node expired", 100 * busy)
+            log.info("server saturated (%.0f %% busy): no node expired", 100 * busy)
             registry.forgive_silence()
             continue
         for node in registry.expire():

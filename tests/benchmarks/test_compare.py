@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 _ROOT = Path(__file__).resolve().parents[2]
 
 
-from benchmarks import compare  # noqa: E402
+from benchmarks import compare, framework  # noqa: E402
 from benchmarks.apps import digits_mlp, geofl_digits  # noqa: E402
 from benchmarks.compare import (  # noqa: E402
     build_report,
@@ -265,6 +265,16 @@ def test_cli_rejects_unknown_workload_mode_and_rounds(capsys: pytest.CaptureFixt
             compare.main(argv)
     compare.main(["--list"])
     assert "mlp-digits:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("main", [compare.main, framework.main], ids=["compare", "framework"])
+def test_a_malformed_geofl_set_is_refused_before_any_run(
+    main: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["--workload", "echo-1m"] if main is compare.main else ["--systems", "geofl"]
+    with pytest.raises(SystemExit):
+        main([*argv, "--geofl-set", "no-equals-sign"])
+    assert "no-equals-sign" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- one real run
