@@ -193,6 +193,11 @@ class CodecStep:
     def __hash__(self) -> int:
         return hash((self.name, tuple(sorted(self.params.items()))))
 
+    def __reduce__(self) -> tuple[type[CodecStep], tuple[str, dict[str, Scalar]]]:
+        """Rebuild from name and plain params: a read-only mapping cannot be pickled, and
+        the virtual clock's worker processes receive chains over their local pipes."""
+        return (type(self), (self.name, dict(self.params)))
+
     @property
     def codec(self) -> Codec:
         """The registered codec of this step."""

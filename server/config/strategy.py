@@ -39,6 +39,7 @@ __all__ = [
     "DEFAULT_STRATEGY",
     "FLOWER_KEY",
     "STRATEGY_CONFIGS",
+    "AdamWConfig",
     "FedAdagradConfig",
     "FedAdamConfig",
     "FedAvgConfig",
@@ -205,6 +206,29 @@ class FedAdagradConfig(StrategyBase):
     tau: float = _tau(1e-3)
 
 
+class AdamWConfig(StrategyBase):
+    """AdamW on the server (PyTorch's formula) stepping the averaged gradient: synchronous
+    data parallel, each client returning one plain gradient step (``w - g``); see
+    ``geofl.server.strategies.adamw``."""
+
+    name: Literal["adamw"] = _name("adamw")
+    server_lr: float = _server_lr(1e-3)
+    beta_1: float = _beta(0.9, "first-moment")
+    beta_2: float = _beta(0.999, "second-moment")
+    eps: float = Field(
+        default=1e-8,
+        gt=0,
+        allow_inf_nan=False,
+        description="Added to the bias-corrected root of the second moment before dividing.",
+    )
+    weight_decay: float = Field(
+        default=0.01,
+        ge=0,
+        allow_inf_nan=False,
+        description="Decoupled weight decay: weights shrink by server_lr x this each step.",
+    )
+
+
 #: Keyword arguments for a Flower strategy class: YAML scalars, or null.
 FlowerArgs = dict[str, ConfigScalar | None]
 
@@ -314,6 +338,7 @@ _MODELS: tuple[type[StrategyBase], ...] = (
     FedAdamConfig,
     FedYogiConfig,
     FedAdagradConfig,
+    AdamWConfig,
 )
 #: Strategy name -> its configuration model, in documentation order (read-only).
 STRATEGY_CONFIGS: Mapping[str, type[StrategyBase]] = MappingProxyType(
@@ -343,6 +368,7 @@ StrategyConfig = Annotated[
         Annotated[FedAdamConfig, Tag("fedadam")],
         Annotated[FedYogiConfig, Tag("fedyogi")],
         Annotated[FedAdagradConfig, Tag("fedadagrad")],
+        Annotated[AdamWConfig, Tag("adamw")],
         Annotated[FlowerStrategyConfig, Tag(FLOWER_KEY)],
     ],
     Discriminator(_strategy_tag),

@@ -6,6 +6,7 @@ Build strategies by name with :func:`make_strategy`. Flower 1.42's strategies ru
 :class:`FlowerStrategy` (Flower is imported only when one is built).
 """
 
+from geofl.server.strategies.adamw import AdamW
 from geofl.server.strategies.base import Strategy, weighted_metrics
 from geofl.server.strategies.checks import UpdateCheck
 from geofl.server.strategies.errors import StrategyError, UpdateRejected
@@ -25,6 +26,7 @@ from geofl.server.strategies.streaming import StreamingMean, TensorSpecLike
 __all__ = [
     "FLOWER_STRATEGIES",
     "STRATEGIES",
+    "AdamW",
     "FedAdagrad",
     "FedAdam",
     "FedAvg",

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from geofl.server.strategies.adamw import AdamW
 from geofl.server.strategies.base import Strategy
 from geofl.server.strategies.fedavg import FedAvg, FedAvgM, FedProx
 from geofl.server.strategies.fedopt import FedAdagrad, FedAdam, FedYogi
@@ -20,7 +21,7 @@ __all__ = ["STRATEGIES", "make_strategy"]
 
 #: Registry name -> strategy class (read-only).
 STRATEGIES: Mapping[str, type[Strategy]] = MappingProxyType(
-    {cls.name: cls for cls in (FedAvg, FedAvgM, FedProx, FedAdam, FedYogi, FedAdagrad)}
+    {cls.name: cls for cls in (FedAvg, FedAvgM, FedProx, FedAdam, FedYogi, FedAdagrad, AdamW)}
 )
 
 

@@ -252,3 +252,13 @@ def test_bytes_are_pinned(label: str) -> None:
     x = np.linspace(-3, 5, 1001, dtype=np.float32).reshape(7, 143)
     payload = encode_tensor(x, chain(label), seed=12345)
     assert hashlib.sha256(payload).hexdigest()[:16] == GOLDEN_DIGESTS[label]
+
+
+def test_a_chain_with_parameters_survives_pickling_to_a_worker_process() -> None:
+    """The virtual clock's worker processes receive chains over their local pipes."""
+    import pickle
+
+    chain = parse_chain([{"topk": {"ratio": 0.5}}, {"qsgd": {"bits": 4}}])
+    copy = pickle.loads(pickle.dumps(chain))
+    assert copy == chain
+    assert dict(copy[1].params) == dict(chain[1].params)

@@ -246,7 +246,7 @@ def test_wrong_strategy_name_lists_allowed_values(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "strategy:\n  clients_per_round: 3\n  name: fedavgg\n")
     assert problems_of(path) == [
         f"{path}:5: strategy.name: 'fedavgg' is not one of "
-        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad, flower"
+        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad, adamw, flower"
     ]
 
 

@@ -122,7 +122,7 @@ def test_invalid_override_value_names_the_override(run_file: Path) -> None:
     assert str(info.value).splitlines() == [
         "--set run.rounds=0: run.rounds: Input should be greater than or equal to 1 (got 0)",
         "--set strategy.name=fedavgg: strategy.name: 'fedavgg' is not one of "
-        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad, flower",
+        "fedavg, fedavgm, fedprox, fedadam, fedyogi, fedadagrad, adamw, flower",
     ]
 
 

@@ -16,7 +16,15 @@ REQUIRED: dict[str, dict[str, Any]] = {"fedprox": {"proximal_mu": 0.01}}
 
 
 def test_registry_names() -> None:
-    assert set(STRATEGIES) == {"fedavg", "fedavgm", "fedprox", "fedadam", "fedyogi", "fedadagrad"}
+    assert set(STRATEGIES) == {
+        "fedavg",
+        "fedavgm",
+        "fedprox",
+        "fedadam",
+        "fedyogi",
+        "fedadagrad",
+        "adamw",
+    }
     assert all(cls.name == name for name, cls in STRATEGIES.items())
 
 

@@ -1,0 +1,386 @@
+"""Geo-distributed LM training (issue 17): DiLoCo, partial sync and synchronous data parallel.
+
+Workload (:mod:`examples.geo_lm`): a 1.85 M-parameter byte-level transformer, four sites in
+three regions (two at 20 ms RTT, one at 80, one at 220) each training on its own top-level
+packages of the interpreter's standard library; validation bits per byte on a fixed set of
+held-out files, evaluated by the server at equal token counts for every method. Every site
+runs at the measured speed of one AdamW step on one core (measured at the start, in a child
+process: ``examples.geo_lm.steptime``); links at ``--mbps`` (1000 and 100) each way.
+
+Methods (:data:`METHODS`): synchronous data parallel (each step's gradients averaged through
+the coordinator, AdamW applied there: strategy ``adamw``); DiLoCo (H AdamW steps on each
+site, its state kept across rounds, outer Nesterov) uncompressed, int8 and int4 (qsgd, error
+feedback, both directions); DiLoCo with DreamDDP-style layer-wise partial sync. A method
+added later (Streaming DiLoCo) is one :func:`~benchmarks.geo_lm_runs.diloco_method` line.
+
+On the virtual clock a synchronous method's training does not depend on the bandwidth
+(every site is in every round, nothing is late, batches and codecs are seeded), so each
+method is trained once, at the first bandwidth; at the others a short probe run gives the
+round durations and checks that its validation figures equal the full run's, and the full
+run's trajectory is put on the probe's round times (``reused_from`` in the JSON says so).
+``--no-reuse`` runs everything in full.
+
+Also: DiLoCo under secure aggregation on the wall clock (it runs; the figure is its bpb),
+and the honesty check (``--wall``): synchronous data parallel at 100 Mbit/s on the wall
+clock with the shaper against the same YAML on the virtual clock, whose compute model is
+then the step time measured with four trainers sharing this machine's cores at once.
+
+    python -m benchmarks.geo_lm --wall --out benchmarks/results/geo_lm.json \\
+        --png benchmarks/geo_lm.png
+    python -m benchmarks.geo_lm --report-only --out ... --png ...   # redraw, reprint
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.core import REPO_ROOT, heavy_lock
+from benchmarks.geo_lm_report import plot, render_markdown, summarize
+from benchmarks.geo_lm_runs import (
+    INT4,
+    INT8,
+    LM,
+    Curve,
+    GeoSpec,
+    Method,
+    base_config,
+    diloco_method,
+    read_curve,
+    streaming_method,
+)
+from benchmarks.wan_schedule import deep_merge, run_logged
+
+__all__ = [
+    "METHODS",
+    "SECAGG",
+    "SYNC_DP",
+    "initial_bpb",
+    "main",
+    "measure_tokens_per_s",
+    "method",
+    "probe_and_reuse",
+    "run_method",
+]
+
+
+def _sync_dp_sections(spec: GeoSpec) -> dict[str, Any]:
+    return {
+        "strategy": {"name": "adamw", "server_lr": spec.lr, "weight_decay": spec.weight_decay},
+        "round_config": {"mode": "gradient"},
+    }
+
+
+SYNC_DP = Method(
+    "sync_dp",
+    "sync data parallel (fp32)",
+    _sync_dp_sections,
+    rounds=lambda spec: spec.steps,
+    eval_every=lambda spec: spec.local_steps,
+    tokens_per_round=lambda spec: spec.tokens_per_step,
+)
+METHODS: tuple[Method, ...] = (
+    SYNC_DP,
+    diloco_method("diloco", "DiLoCo (fp32)"),
+    diloco_method("diloco_int8", "DiLoCo, int8 + EF", compression=INT8),
+    diloco_method("diloco_int4", "DiLoCo, int4 + EF", compression=INT4),
+    diloco_method(
+        "partial_sync",
+        "DiLoCo + DreamDDP partial sync (4 groups)",
+        {"partial_sync": {"sync_points": 4}},
+    ),
+    streaming_method("streaming_int4", "Streaming DiLoCo, int4 + EF", compression=INT4),
+)
+#: DiLoCo under secure aggregation (wall clock only: the key exchange is not simulated).
+SECAGG = diloco_method(
+    "diloco_secagg",
+    "DiLoCo under secure aggregation",
+    extra={
+        "secure_aggregation": {"enabled": True, "clip": 1.0, "ring_bits": 32},
+        "simulation": {"clock": "wall"},
+    },
+)
+
+
+def method(name: str) -> Method:
+    """The method called ``name``."""
+    for candidate in (*METHODS, SECAGG):
+        if candidate.name == name:
+            return candidate
+    raise ValueError(f"unknown method {name!r}; known: {[m.name for m in METHODS]}")
+
+
+def _child_python(code: str) -> str:
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    return completed.stdout.strip().splitlines()[-1]
+
+
+def measure_tokens_per_s(concurrent: int = 1) -> dict[str, float]:
+    """Tokens per second of one site: ``concurrent`` step-timing processes at once, median."""
+    command = [sys.executable, "-m", "examples.geo_lm.steptime", "--json"]
+    procs = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+        for _ in range(concurrent)
+    ]
+    results = [json.loads(proc.communicate()[0].strip().splitlines()[-1]) for proc in procs]
+    return {
+        "concurrent": concurrent,
+        "step_s": statistics.median(r["step_s"] for r in results),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+        "params": results[0]["params"],
+    }
+
+
+def initial_bpb() -> float:
+    """Validation bits per byte of the initial model (the curves' first point)."""
+    code = (
+        f"from {LM} import make_model, server_evaluate; "
+        "print(server_evaluate(make_model())[1]['bpb'])"
+    )
+    return float(_child_python(code))
+
+
+def run_method(
+    spec: GeoSpec,
+    chosen: Method,
+    mbps: float,
+    root: Path,
+    rounds: int | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One ``geofl simulate`` run in a child process; its config, exit code and curve."""
+    label = f"{chosen.name}-{mbps:g}" + ("" if rounds is None else f"-probe{rounds}")
+    workdir = root / label
+    workdir.mkdir(parents=True, exist_ok=False)
+    config = base_config(spec, chosen, mbps, workdir)
+    if rounds is not None:
+        config["run"]["rounds"] = rounds
+    config = deep_merge(config, overrides or {})
+    path = workdir / "run.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    argv = [sys.executable, "-m", "geofl.server.cli.main", "simulate", "-c", str(path)]
+    code, wall_s = run_logged(argv, workdir, spec.timeout_s)
+    record: dict[str, Any] = {"method": chosen.name, "mbps": mbps, "exit_code": code}
+    record |= {"wall_s": wall_s, "rounds": config["run"]["rounds"]}
+    if code != 0 or not (workdir / "run.db").exists():
+        tail = (workdir / "child.log").read_text(errors="replace").splitlines()[-15:]
+        record["error"] = f"exit code {code}: " + "\n".join(tail)
+        return record
+    record["curve"] = read_curve(f"sqlite:///{workdir / 'run.db'}").as_dict()
+    return record
+
+
+def _probe_rounds(spec: GeoSpec, chosen: Method) -> int:
+    """Enough rounds for a steady round after the first and one evaluation to compare."""
+    return max(2, chosen.eval_every(spec))
+
+
+def probe_and_reuse(
+    spec: GeoSpec, chosen: Method, full: Mapping[str, Any], mbps: float, root: Path
+) -> dict[str, Any]:
+    """``full``'s trajectory on the round times of a short run at ``mbps`` (module docstring).
+
+    Round ``k`` takes the probe's duration of round ``k`` while the probe has one, then the
+    median of the probe's rounds after the first (later rounds move the same bytes).
+    """
+    probe = run_method(spec, chosen, mbps, root, rounds=_probe_rounds(spec, chosen))
+    if "error" in probe or "error" in full:
+        return {**probe, "reused_from": full.get("mbps")}
+    trained, short = Curve.from_dict(full["curve"]), Curve.from_dict(probe["curve"])
+    steady = statistics.median(short.durations[1:])
+    durations = [
+        short.durations[i] if i < len(short.durations) else steady
+        for i in range(len(trained.rounds))
+    ]
+    up = [
+        short.bytes_up[i] if i < len(short.bytes_up) else short.bytes_up[-1]
+        for i in range(len(trained.rounds))
+    ]
+    down = [
+        short.bytes_down[i] if i < len(short.bytes_down) else short.bytes_down[-1]
+        for i in range(len(trained.rounds))
+    ]
+    times, elapsed = [], short.times[0] - short.durations[0]
+    for duration in durations:
+        elapsed += duration
+        times.append(elapsed)
+    compute = [trained.compute_s[i] for i in range(len(trained.rounds))]
+    reused = Curve(trained.rounds, times, trained.bpb, up, down, compute, durations, trained.status)
+    checks = [
+        abs(a - b)
+        for a, b in zip(short.bpb, trained.bpb, strict=False)
+        if a is not None and b is not None
+    ]
+    return {
+        "method": chosen.name,
+        "mbps": mbps,
+        "reused_from": full["mbps"],
+        "probe": probe,
+        "trajectory_max_abs_diff_bpb": max(checks) if checks else None,
+        "curve": reused.as_dict(),
+        "exit_code": 0,
+    }
+
+
+def _wall_validation(spec: GeoSpec, root: Path, rounds: int) -> dict[str, Any]:
+    """Sync data parallel at 100 Mbit/s, wall clock with the shaper vs the virtual clock."""
+    shared = measure_tokens_per_s(concurrent=spec.sites)
+    local = replace(spec, tokens_per_s=shared["tokens_per_s"], workers=spec.sites)
+    overrides = {"evaluation": {"every": 0}}
+    runs = {}
+    for clock in ("wall", "virtual"):
+        chosen = replace(SYNC_DP, name=f"honesty_{clock}", clock=clock)
+        runs[clock] = run_method(local, chosen, 100, root, rounds=rounds, overrides=overrides)
+    result: dict[str, Any] = {"compute_model": shared, "runs": runs}
+    if any("error" in run for run in runs.values()):
+        return result
+    wall, virtual = (Curve.from_dict(runs[c]["curve"]) for c in ("wall", "virtual"))
+    medians = {
+        "wall": statistics.median(wall.durations[1:]),
+        "virtual": statistics.median(virtual.durations[1:]),
+    }
+    totals = {"wall": sum(wall.durations), "virtual": sum(virtual.durations)}
+    result["median_round_s"] = medians
+    result["round_error"] = (medians["virtual"] - medians["wall"]) / medians["wall"]
+    result["total_s"] = totals
+    result["total_error"] = (totals["virtual"] - totals["wall"]) / totals["wall"]
+    return result
+
+
+def _secagg_run(spec: GeoSpec, root: Path) -> dict[str, Any]:
+    small = replace(spec, steps=2 * 5, local_steps=5, workers=spec.sites)
+    return run_method(small, SECAGG, 1000, root)
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/geo_lm.json"))
+    parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument("--steps", type=int, default=GeoSpec.steps)
+    parser.add_argument("--local-steps", type=int, default=GeoSpec.local_steps)
+    parser.add_argument("--workers", type=int, default=GeoSpec.workers)
+    parser.add_argument("--fragments", type=int, default=GeoSpec.fragments)
+    parser.add_argument("--overlap-steps", type=int, default=GeoSpec.overlap_steps)
+    parser.add_argument("--mbps", type=float, nargs="+", default=[100.0, 1000.0])
+    parser.add_argument("--methods", nargs="+", default=[m.name for m in METHODS])
+    parser.add_argument("--target-bpb", type=float, default=None, help="default: see report")
+    parser.add_argument("--tokens-per-s", type=float, default=None, help="skip measuring")
+    parser.add_argument("--no-reuse", action="store_true")
+    parser.add_argument("--wall", action="store_true", help="also the wall-clock honesty check")
+    parser.add_argument("--wall-rounds", type=int, default=8)
+    parser.add_argument("--secagg", action="store_true", help="also DiLoCo under secure agg.")
+    parser.add_argument("--no-lock", action="store_true")
+    parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
+    parser.add_argument("--report-only", action="store_true")
+    return parser.parse_args(argv)
+
+
+def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    speed = (
+        {"tokens_per_s": args.tokens_per_s, "given": True}
+        if args.tokens_per_s is not None
+        else measure_tokens_per_s()
+    )
+    spec = GeoSpec(
+        steps=args.steps,
+        local_steps=args.local_steps,
+        workers=args.workers,
+        fragments=args.fragments,
+        overlap_steps=args.overlap_steps,
+        tokens_per_s=float(speed["tokens_per_s"]),
+    )
+    records: list[dict[str, Any]] = []
+    for name in args.methods:
+        chosen = method(name)
+        first = run_method(spec, chosen, args.mbps[0], root)
+        records.append(first)
+        print(_line(first), flush=True)
+        for mbps in args.mbps[1:]:
+            other = (
+                run_method(spec, chosen, mbps, root)
+                if args.no_reuse
+                else probe_and_reuse(spec, chosen, first, mbps, root)
+            )
+            records.append(other)
+            print(_line(other), flush=True)
+        _save_partial(args.out, records)
+    report: dict[str, Any] = {
+        "spec": asdict(spec),
+        "step_time": speed,
+        "initial_bpb": initial_bpb(),
+        "labels": {m.name: m.label for m in (*METHODS, SECAGG)},
+        "tokens_per_round": {m.name: m.tokens_per_round(spec) for m in METHODS},
+        "records": records,
+        "machine": {"python": platform.python_version(), "cpus": _cpus()},
+    }
+    if args.secagg:
+        report["secagg"] = _secagg_run(spec, root)
+        print(_line(report["secagg"]), flush=True)
+    if args.wall:
+        report["wall_validation"] = _wall_validation(spec, root, args.wall_rounds)
+        print(json.dumps({k: v for k, v in report["wall_validation"].items() if k != "runs"}))
+    return report
+
+
+def _save_partial(out: Path, records: list[dict[str, Any]]) -> None:
+    """The records so far, next to ``out`` (a run cut short keeps what it measured)."""
+    partial = out.with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text(json.dumps({"records": records}, indent=1))
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _line(record: Mapping[str, Any]) -> str:
+    if "error" in record:
+        return f"{record['method']} @ {record['mbps']:g} Mbit/s FAILED: {record['error'][-400:]}"
+    curve = Curve.from_dict(record["curve"])
+    last = next((b for b in reversed(curve.bpb) if b is not None), None)
+    return (
+        f"{record['method']} @ {record['mbps']:g} Mbit/s: {len(curve.rounds)} rounds, "
+        f"{curve.times[-1]:.1f} simulated s, final bpb {last}, "
+        f"{(sum(curve.bytes_up) + sum(curve.bytes_down)) / 1e6:.1f} MB"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if args.report_only:
+        report = json.loads(args.out.read_text())
+    else:
+        with tempfile.TemporaryDirectory(prefix="geofl-geolm-") as tmp:
+            root = args.keep if args.keep is not None else Path(tmp)
+            root.mkdir(parents=True, exist_ok=True)
+            if args.no_lock:
+                report = _run_all(args, root)
+            else:
+                with heavy_lock():
+                    report = _run_all(args, root)
+    report["summary"] = summarize(report, args.target_bpb)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(render_markdown(report))
+    if args.png is not None:
+        plot(report, args.png)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Geo-distributed training of a byte-level language model on the standard library's source."""
