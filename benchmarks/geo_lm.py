@@ -71,7 +71,9 @@ __all__ = [
     "measure_tokens_per_s",
     "method",
     "probe_and_reuse",
+    "reference_records",
     "run_method",
+    "wall_validation",
 ]
 
 
@@ -183,6 +185,37 @@ def run_method(
     return record
 
 
+#: What synchronous data parallel's training depends on: a report whose spec has the same
+#: values trained the same curve (the virtual clock is deterministic; H is not among them).
+_SYNC_DP_INPUTS = ("sites", "steps", "batch", "lr", "weight_decay", "seed", "tokens_per_s")
+
+
+def reference_records(
+    path: Path, spec: GeoSpec, bandwidths: Sequence[float]
+) -> list[dict[str, Any]]:
+    """Synchronous data parallel's records of an earlier report, instead of training it again.
+
+    Raises
+    ------
+    ValueError
+        If the report's spec differs from ``spec`` in what the reference's training depends
+        on (:data:`_SYNC_DP_INPUTS`), or it has no successful record at a bandwidth asked for.
+    """
+    earlier = json.loads(path.read_text())
+    differing = [k for k in _SYNC_DP_INPUTS if earlier["spec"][k] != getattr(spec, k)]
+    if differing:
+        raise ValueError(f"{path}: its spec differs in {differing}; run sync_dp again instead")
+    found = {
+        float(r["mbps"]): r
+        for r in earlier["records"]
+        if r["method"] == SYNC_DP.name and "error" not in r
+    }
+    missing = [mbps for mbps in bandwidths if float(mbps) not in found]
+    if missing:
+        raise ValueError(f"{path} has no successful sync_dp record at {missing} Mbit/s")
+    return [{**found[float(mbps)], "reused_from_report": str(path)} for mbps in bandwidths]
+
+
 def _probe_rounds(spec: GeoSpec, chosen: Method) -> int:
     """Enough rounds for a steady round after the first and one evaluation to compare."""
     return max(2, chosen.eval_every(spec))
@@ -235,16 +268,22 @@ def probe_and_reuse(
     }
 
 
-def _wall_validation(spec: GeoSpec, root: Path, rounds: int) -> dict[str, Any]:
-    """Sync data parallel at 100 Mbit/s, wall clock with the shaper vs the virtual clock."""
+def wall_validation(spec: GeoSpec, chosen: Method, root: Path, rounds: int) -> dict[str, Any]:
+    """``chosen`` at 100 Mbit/s on the wall clock with the shaper and on the virtual clock.
+
+    The virtual clock's compute model is the step time measured with all sites training at
+    once on this machine's cores (as the wall clock's sites do). Server-side evaluation is
+    off on both clocks: the virtual clock charges no server work, so evaluating would only
+    add this host's evaluation time to the wall rounds.
+    """
     shared = measure_tokens_per_s(concurrent=spec.sites)
     local = replace(spec, tokens_per_s=shared["tokens_per_s"], workers=spec.sites)
-    overrides = {"evaluation": {"every": 0}}
+    overrides = {"evaluation": {"every": 0, "server": None}}
     runs = {}
     for clock in ("wall", "virtual"):
-        chosen = replace(SYNC_DP, name=f"honesty_{clock}", clock=clock)
-        runs[clock] = run_method(local, chosen, 100, root, rounds=rounds, overrides=overrides)
-    result: dict[str, Any] = {"compute_model": shared, "runs": runs}
+        variant = replace(chosen, name=f"honesty_{chosen.name}_{clock}", clock=clock)
+        runs[clock] = run_method(local, variant, 100, root, rounds=rounds, overrides=overrides)
+    result: dict[str, Any] = {"method": chosen.name, "compute_model": shared, "runs": runs}
     if any("error" in run for run in runs.values()):
         return result
     wall, virtual = (Curve.from_dict(runs[c]["curve"]) for c in ("wall", "virtual"))
@@ -261,7 +300,9 @@ def _wall_validation(spec: GeoSpec, root: Path, rounds: int) -> dict[str, Any]:
 
 
 def _secagg_run(spec: GeoSpec, root: Path) -> dict[str, Any]:
-    small = replace(spec, steps=2 * 5, local_steps=5, workers=spec.sites)
+    small = replace(
+        spec, steps=2 * 5, local_steps=5, fragments=1, overlap_steps=0, workers=spec.sites
+    )
     return run_method(small, SECAGG, 1000, root)
 
 
@@ -279,36 +320,89 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--target-bpb", type=float, default=None, help="default: see report")
     parser.add_argument("--tokens-per-s", type=float, default=None, help="skip measuring")
     parser.add_argument("--no-reuse", action="store_true")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help="take sync_dp's records from this earlier report (same steps, batch, lr, "
+        "weight decay, seed and --tokens-per-s) instead of training it again",
+    )
     parser.add_argument("--wall", action="store_true", help="also the wall-clock honesty check")
     parser.add_argument("--wall-rounds", type=int, default=8)
+    parser.add_argument(
+        "--wall-methods",
+        nargs="+",
+        default=[SYNC_DP.name],
+        help="the methods the wall-clock check runs (each: --wall-rounds rounds)",
+    )
     parser.add_argument("--secagg", action="store_true", help="also DiLoCo under secure agg.")
     parser.add_argument("--no-lock", action="store_true")
     parser.add_argument("--keep", type=Path, default=None, help="keep the runs in this folder")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --out's .partial.json (same arguments): keep its step time and "
+        "its successful runs, run the rest",
+    )
     return parser.parse_args(argv)
 
 
-def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    speed = (
-        {"tokens_per_s": args.tokens_per_s, "given": True}
-        if args.tokens_per_s is not None
-        else measure_tokens_per_s()
-    )
-    spec = GeoSpec(
+def _spec(args: argparse.Namespace, tokens_per_s: float) -> GeoSpec:
+    return GeoSpec(
         steps=args.steps,
         local_steps=args.local_steps,
         workers=args.workers,
         fragments=args.fragments,
         overlap_steps=args.overlap_steps,
-        tokens_per_s=float(speed["tokens_per_s"]),
+        tokens_per_s=tokens_per_s,
     )
-    records: list[dict[str, Any]] = []
+
+
+def _partial_path(out: Path) -> Path:
+    return out.with_suffix(".partial.json")
+
+
+def _resumed(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The step time and the successful records of an interrupted run (``--resume``).
+
+    Raises
+    ------
+    ValueError
+        If the partial report was made with another spec than these arguments give.
+    """
+    partial = json.loads(_partial_path(args.out).read_text())
+    speed = partial["step_time"]
+    spec = asdict(_spec(args, float(speed["tokens_per_s"])))
+    if partial["spec"] != spec:
+        differing = sorted(k for k in spec if partial["spec"].get(k) != spec[k])
+        raise ValueError(f"--resume: the partial report's spec differs in {differing}")
+    return speed, [r for r in partial["records"] if "error" not in r]
+
+
+def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    if args.resume:
+        speed, records = _resumed(args)
+    elif args.tokens_per_s is not None:
+        speed, records = {"tokens_per_s": args.tokens_per_s, "given": True}, []
+    else:
+        speed, records = measure_tokens_per_s(), []
+    spec = _spec(args, float(speed["tokens_per_s"]))
+    done = {(r["method"], float(r["mbps"])) for r in records}
     for name in args.methods:
         chosen = method(name)
-        first = run_method(spec, chosen, args.mbps[0], root)
-        records.append(first)
-        print(_line(first), flush=True)
+        if chosen is SYNC_DP and args.reference is not None:
+            records.extend(reference_records(args.reference, spec, args.mbps))
+            continue
+        if (name, float(args.mbps[0])) in done:
+            first = next(r for r in records if (r["method"], r["mbps"]) == (name, args.mbps[0]))
+        else:
+            first = run_method(spec, chosen, args.mbps[0], root)
+            records.append(first)
+            print(_line(first), flush=True)
         for mbps in args.mbps[1:]:
+            if (name, float(mbps)) in done:
+                continue
             other = (
                 run_method(spec, chosen, mbps, root)
                 if args.no_reuse
@@ -316,7 +410,7 @@ def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             )
             records.append(other)
             print(_line(other), flush=True)
-        _save_partial(args.out, records)
+        _save_partial(args.out, spec, speed, records)
     report: dict[str, Any] = {
         "spec": asdict(spec),
         "step_time": speed,
@@ -330,16 +424,24 @@ def _run_all(args: argparse.Namespace, root: Path) -> dict[str, Any]:
         report["secagg"] = _secagg_run(spec, root)
         print(_line(report["secagg"]), flush=True)
     if args.wall:
-        report["wall_validation"] = _wall_validation(spec, root, args.wall_rounds)
-        print(json.dumps({k: v for k, v in report["wall_validation"].items() if k != "runs"}))
+        report["wall_validations"] = [
+            wall_validation(spec, method(name), root, args.wall_rounds)
+            for name in args.wall_methods
+        ]
+        for check in report["wall_validations"]:
+            print(json.dumps({k: v for k, v in check.items() if k != "runs"}))
     return report
 
 
-def _save_partial(out: Path, records: list[dict[str, Any]]) -> None:
-    """The records so far, next to ``out`` (a run cut short keeps what it measured)."""
-    partial = out.with_suffix(".partial.json")
+def _save_partial(
+    out: Path, spec: GeoSpec, speed: Mapping[str, Any], records: list[dict[str, Any]]
+) -> None:
+    """The records so far, next to ``out``: a run cut short keeps what it measured, and
+    ``--resume`` goes on from it."""
+    partial = _partial_path(out)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    partial.write_text(json.dumps({"records": records}, indent=1))
+    document = {"spec": asdict(spec), "step_time": dict(speed), "records": records}
+    partial.write_text(json.dumps(document, indent=1))
 
 
 def _cpus() -> int:

@@ -3,14 +3,18 @@ the same tokens, and the summary's ratios are computed from the curves it is giv
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from benchmarks.geo_lm import METHODS, SYNC_DP, method
+from benchmarks.geo_lm import METHODS, SYNC_DP, method, reference_records
 from benchmarks.geo_lm_report import render_markdown, summarize
 from benchmarks.geo_lm_runs import Curve, GeoSpec, base_config
+from benchmarks.wan_schedule import deep_merge
 from geofl.server.config.loader import parse_config
 
 SPEC = GeoSpec(steps=40, local_steps=20, fragments=4, overlap_steps=2)
@@ -94,3 +98,68 @@ def test_summary_ratios_against_sync_dp() -> None:
 def test_sync_dp_evaluates_every_h_steps() -> None:
     assert SYNC_DP.eval_every(SPEC) == SPEC.local_steps
     assert SYNC_DP.rounds(SPEC) == SPEC.steps
+
+
+def _earlier_report(tmp_path: Path, spec: GeoSpec) -> Path:
+    path = tmp_path / "earlier.json"
+    report = {
+        "spec": asdict(spec),
+        "records": [
+            _record("sync_dp", 100.0, [5.0, 4.0], 1000, 2.0),
+            _record("sync_dp", 1000.0, [5.0, 4.0], 1000, 0.5),
+            _record("diloco", 100.0, [4.2], 100, 1.0),
+        ],
+    }
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_reference_reuses_sync_dp_of_a_report_that_trained_the_same_curve(
+    tmp_path: Path,
+) -> None:
+
+    path = _earlier_report(tmp_path, SPEC)
+    # H and the fragments do not change data parallel's training: reused.
+    other_h = replace(SPEC, local_steps=10, fragments=2)
+    records = reference_records(path, other_h, [100.0, 1000.0])
+    assert [(r["method"], r["mbps"]) for r in records] == [("sync_dp", 100.0), ("sync_dp", 1000.0)]
+    assert all(r["reused_from_report"] == str(path) for r in records)
+    with pytest.raises(ValueError, match=re.escape("differs in ['lr']")):
+        reference_records(path, replace(SPEC, lr=2e-3), [100.0])
+    with pytest.raises(ValueError, match=re.escape("no successful sync_dp record at [10.0]")):
+        reference_records(path, SPEC, [10.0])
+
+
+def _args(out: Path, **changes: Any) -> Any:
+    from benchmarks.geo_lm import _parse
+
+    argv = ["--out", str(out), "--steps", "40", "--local-steps", "20", "--fragments", "4"]
+    argv += ["--overlap-steps", "2"]
+    for flag, value in changes.items():
+        argv += [f"--{flag.replace('_', '-')}", str(value)]
+    return _parse([*argv, "--resume"])
+
+
+def test_resume_keeps_the_partial_runs_and_refuses_another_spec(tmp_path: Path) -> None:
+    from benchmarks.geo_lm import _resumed, _save_partial
+
+    out = tmp_path / "geo_lm.json"
+    spec = replace(SPEC, tokens_per_s=5000.0)
+    failed = {"method": "diloco", "mbps": 100.0, "error": "exit code 1"}
+    kept = _record("sync_dp", 100.0, [5.0, 4.0], 1000, 2.0)
+    _save_partial(out, spec, {"tokens_per_s": 5000.0}, [kept, failed])
+    speed, records = _resumed(_args(out))
+    assert speed == {"tokens_per_s": 5000.0}  # the partial's step time, not a new one
+    assert records == [kept]  # a failed run is run again
+    with pytest.raises(ValueError, match=re.escape("differs in ['fragments', 'local_steps']")):
+        _resumed(_args(out, local_steps=10, fragments=2))
+
+
+def test_the_wall_check_turns_server_evaluation_off_and_stays_valid(tmp_path: Path) -> None:
+    config = deep_merge(
+        base_config(SPEC, replace(SYNC_DP, clock="wall"), 100.0, tmp_path),
+        {"evaluation": {"every": 0, "server": None}},
+    )
+    parsed = parse_config(config)
+    assert parsed.evaluation.server is None
+    assert parsed.simulation.clock == "wall"
