@@ -1,32 +1,39 @@
-"""Geo-distributed LM training (issue 17): DiLoCo, partial sync and synchronous data parallel.
+"""Geo-distributed LM training (issue 17): DiLoCo variants against synchronous data parallel.
 
 Workload (:mod:`examples.geo_lm`): a 1.85 M-parameter byte-level transformer, four sites in
 three regions (two at 20 ms RTT, one at 80, one at 220) each training on its own top-level
 packages of the interpreter's standard library; validation bits per byte on a fixed set of
-held-out files, evaluated by the server at equal token counts for every method. Every site
-runs at the measured speed of one AdamW step on one core (measured at the start, in a child
-process: ``examples.geo_lm.steptime``); links at ``--mbps`` (1000 and 100) each way.
+held-out files, evaluated by the server after every round and compared at equal token
+counts (every H steps, :attr:`~benchmarks.geo_lm_runs.Method.eval_every`). Every site runs
+at the measured speed of one AdamW step on one core (measured at the start, in a child
+process: ``examples.geo_lm.steptime``); links at ``--mbps`` (100 and 1000) each way.
 
 Methods (:data:`METHODS`): synchronous data parallel (each step's gradients averaged through
 the coordinator, AdamW applied there: strategy ``adamw``); DiLoCo (H AdamW steps on each
 site, its state kept across rounds, outer Nesterov) uncompressed, int8 and int4 (qsgd, error
-feedback, both directions); DiLoCo with DreamDDP-style layer-wise partial sync. A method
-added later (Streaming DiLoCo) is one :func:`~benchmarks.geo_lm_runs.diloco_method` line.
+feedback, both directions); DiLoCo with DreamDDP-style layer-wise partial sync; Streaming
+DiLoCo (P fragments, overlap tau, int4).
 
 On the virtual clock a synchronous method's training does not depend on the bandwidth
 (every site is in every round, nothing is late, batches and codecs are seeded), so each
-method is trained once, at the first bandwidth; at the others a short probe run gives the
-round durations and checks that its validation figures equal the full run's, and the full
-run's trajectory is put on the probe's round times (``reused_from`` in the JSON says so).
-``--no-reuse`` runs everything in full.
+method is trained once, at the first bandwidth; at the others a short probe run (the first
+round and two periods of the method's traffic pattern) gives the round durations and bytes,
+its validation figures must equal the full run's (else the method runs in full there), and
+the full run's trajectory is put on the probe's rounds (``reused_from`` in the JSON, and
+"(reused)" in the table, say so). Partial sync re-plans its groups every round and always
+runs in full; ``--no-reuse`` runs everything in full. ``--reference`` takes synchronous data
+parallel's records from an earlier report with the same training inputs (another H does not
+change them); ``--resume`` goes on from an interrupted run's partial report.
 
-Also: DiLoCo under secure aggregation on the wall clock (it runs; the figure is its bpb),
-and the honesty check (``--wall``): synchronous data parallel at 100 Mbit/s on the wall
-clock with the shaper against the same YAML on the virtual clock, whose compute model is
-then the step time measured with four trainers sharing this machine's cores at once.
+Also: DiLoCo under secure aggregation on the wall clock (``--secagg``: it runs; the figure
+is its bpb), and the honesty check (``--wall``, ``--wall-methods``): each named method at
+100 Mbit/s on the wall clock with the shaper against the same YAML on the virtual clock,
+whose compute model is then the step time measured with four trainers sharing this
+machine's cores at once; server evaluation off on both.
 
-    python -m benchmarks.geo_lm --wall --out benchmarks/results/geo_lm.json \\
-        --png benchmarks/geo_lm.png
+    python -m benchmarks.geo_lm --steps 1000 --local-steps 100 --fragments 2 \\
+        --overlap-steps 5 --secagg --wall --wall-methods sync_dp diloco_int4 \\
+        --out benchmarks/results/geo_lm.json --png benchmarks/geo_lm.png
     python -m benchmarks.geo_lm --report-only --out ... --png ...   # redraw, reprint
 """
 
@@ -101,6 +108,7 @@ METHODS: tuple[Method, ...] = (
         "partial_sync",
         "DiLoCo + DreamDDP partial sync (4 groups)",
         {"partial_sync": {"sync_points": 4}},
+        reusable=False,
     ),
     streaming_method("streaming_int4", "Streaming DiLoCo, int4 + EF", compression=INT4),
 )
@@ -216,53 +224,80 @@ def reference_records(
     return [{**found[float(mbps)], "reused_from_report": str(path)} for mbps in bandwidths]
 
 
+#: A probe's validation figures must equal the full run's this closely to stand for it.
+REUSE_TOLERANCE_BPB = 1e-6
+
+
 def _probe_rounds(spec: GeoSpec, chosen: Method) -> int:
-    """Enough rounds for a steady round after the first and one evaluation to compare."""
-    return max(2, chosen.eval_every(spec))
+    """The first round (it downloads the whole model) and two periods of steady rounds."""
+    return 1 + 2 * chosen.period(spec)
+
+
+def _probe_round(index: int, probed: int, period: int) -> int:
+    """Which probe round (0-based) stands for round ``index``: itself while the probe has
+    it, then the one of the probe's last period in the same phase (the same fragment)."""
+    if index < probed:
+        return index
+    return probed - period + (index - probed) % period
 
 
 def probe_and_reuse(
     spec: GeoSpec, chosen: Method, full: Mapping[str, Any], mbps: float, root: Path
 ) -> dict[str, Any]:
-    """``full``'s trajectory on the round times of a short run at ``mbps`` (module docstring).
+    """``full``'s trajectory on the round times and bytes of a short run at ``mbps``.
 
-    Round ``k`` takes the probe's duration of round ``k`` while the probe has one, then the
-    median of the probe's rounds after the first (later rounds move the same bytes).
+    Round ``k`` takes the probe's round ``k`` while the probe has one, then the probe round
+    of the same phase (:func:`_probe_round`). The probe's validation figures must equal the
+    full run's (:data:`REUSE_TOLERANCE_BPB`): if they do not, training depended on the
+    bandwidth and the method is run in full at ``mbps`` instead. A method that is not
+    ``reusable`` is always run in full.
     """
+    if "error" in full:
+        return {
+            "method": chosen.name,
+            "mbps": mbps,
+            "error": "the full run failed: nothing to reuse",
+        }
+    if not chosen.reusable:
+        return run_method(spec, chosen, mbps, root)
     probe = run_method(spec, chosen, mbps, root, rounds=_probe_rounds(spec, chosen))
-    if "error" in probe or "error" in full:
-        return {**probe, "reused_from": full.get("mbps")}
+    if "error" in probe:
+        return probe
     trained, short = Curve.from_dict(full["curve"]), Curve.from_dict(probe["curve"])
-    steady = statistics.median(short.durations[1:])
-    durations = [
-        short.durations[i] if i < len(short.durations) else steady
-        for i in range(len(trained.rounds))
-    ]
-    up = [
-        short.bytes_up[i] if i < len(short.bytes_up) else short.bytes_up[-1]
-        for i in range(len(trained.rounds))
-    ]
-    down = [
-        short.bytes_down[i] if i < len(short.bytes_down) else short.bytes_down[-1]
-        for i in range(len(trained.rounds))
-    ]
-    times, elapsed = [], short.times[0] - short.durations[0]
-    for duration in durations:
-        elapsed += duration
-        times.append(elapsed)
-    compute = [trained.compute_s[i] for i in range(len(trained.rounds))]
-    reused = Curve(trained.rounds, times, trained.bpb, up, down, compute, durations, trained.status)
     checks = [
         abs(a - b)
         for a, b in zip(short.bpb, trained.bpb, strict=False)
         if a is not None and b is not None
     ]
+    if not checks or max(checks) > REUSE_TOLERANCE_BPB:
+        record = run_method(spec, chosen, mbps, root)
+        return {
+            **record,
+            "reuse_refused": {"probe": probe, "max_abs_diff_bpb": max(checks, default=None)},
+        }
+    period, probed = chosen.period(spec), len(short.rounds)
+    picks = [_probe_round(i, probed, period) for i in range(len(trained.rounds))]
+    durations = [short.durations[j] for j in picks]
+    times, elapsed = [], short.times[0] - short.durations[0]
+    for duration in durations:
+        elapsed += duration
+        times.append(elapsed)
+    reused = Curve(
+        trained.rounds,
+        times,
+        trained.bpb,
+        [short.bytes_up[j] for j in picks],
+        [short.bytes_down[j] for j in picks],
+        list(trained.compute_s),
+        durations,
+        trained.status,
+    )
     return {
         "method": chosen.name,
         "mbps": mbps,
         "reused_from": full["mbps"],
         "probe": probe,
-        "trajectory_max_abs_diff_bpb": max(checks) if checks else None,
+        "trajectory_max_abs_diff_bpb": max(checks),
         "curve": reused.as_dict(),
         "exit_code": 0,
     }
@@ -315,6 +350,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=GeoSpec.workers)
     parser.add_argument("--fragments", type=int, default=GeoSpec.fragments)
     parser.add_argument("--overlap-steps", type=int, default=GeoSpec.overlap_steps)
+    parser.add_argument("--outer-lr", type=float, default=GeoSpec.outer_lr)
+    parser.add_argument("--outer-momentum", type=float, default=GeoSpec.outer_momentum)
     parser.add_argument("--mbps", type=float, nargs="+", default=[100.0, 1000.0])
     parser.add_argument("--methods", nargs="+", default=[m.name for m in METHODS])
     parser.add_argument("--target-bpb", type=float, default=None, help="default: see report")
@@ -355,6 +392,8 @@ def _spec(args: argparse.Namespace, tokens_per_s: float) -> GeoSpec:
         workers=args.workers,
         fragments=args.fragments,
         overlap_steps=args.overlap_steps,
+        outer_lr=args.outer_lr,
+        outer_momentum=args.outer_momentum,
         tokens_per_s=tokens_per_s,
     )
 
@@ -475,6 +514,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 with heavy_lock():
                     report = _run_all(args, root)
+    spec = GeoSpec(**report["spec"])
+    report["eval_every"] = {m.name: m.eval_every(spec) for m in METHODS}
     report["summary"] = summarize(report, args.target_bpb)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))

@@ -24,15 +24,16 @@ TARGET_SLACK = 1.02
 
 
 def _points(
-    record: Mapping[str, Any], tokens_per_round: int, initial: float
+    record: Mapping[str, Any], tokens_per_round: int, initial: float, every: int = 1
 ) -> dict[str, list[float]]:
-    """Evaluated points (initial model first): tokens, seconds, cumulative bytes, bpb."""
+    """Every ``every``-th round's point (initial model first): tokens, seconds, cumulative
+    bytes, bpb; the bytes count every round's traffic."""
     curve = Curve.from_dict(record["curve"])
     tokens, times, moved, bpb = [0.0], [0.0], [0.0], [initial]
     total = 0.0
     for i, value in enumerate(curve.bpb):
         total += curve.bytes_up[i] + curve.bytes_down[i]
-        if value is None:
+        if value is None or curve.rounds[i] % every:
             continue
         tokens.append(float(curve.rounds[i] * tokens_per_round))
         times.append(curve.times[i])
@@ -59,10 +60,14 @@ def _time_to(points: Mapping[str, list[float]], target: float) -> float | None:
 
 
 def run_summary(
-    record: Mapping[str, Any], tokens_per_round: int, initial: float, target: float
+    record: Mapping[str, Any],
+    tokens_per_round: int,
+    initial: float,
+    target: float,
+    every: int = 1,
 ) -> dict[str, Any]:
-    """The figures of one run (module docstring)."""
-    points = _points(record, tokens_per_round, initial)
+    """The figures of one run (module docstring), from every ``every``-th round's point."""
+    points = _points(record, tokens_per_round, initial, every)
     curve = Curve.from_dict(record["curve"])
     return {
         "points": points,
@@ -107,9 +112,14 @@ def summarize(report: Mapping[str, Any], target_bpb: float | None) -> dict[str, 
     if target_bpb is None:
         finals = [Curve.from_dict(r["curve"]).bpb[-1] for r in records if r["method"] == REFERENCE]
         target_bpb = TARGET_SLACK * min(b for b in finals if b is not None) if finals else 0.0
+    every = report.get("eval_every", {})
     rows = {
         f"{r['method']}@{r['mbps']:g}": run_summary(
-            r, int(report["tokens_per_round"][r["method"]]), initial, target_bpb
+            r,
+            int(report["tokens_per_round"][r["method"]]),
+            initial,
+            target_bpb,
+            int(every.get(r["method"], 1)),
         )
         for r in records
     }
@@ -134,15 +144,16 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"target: {summary['target_bpb']:.3f} bits per byte; initial model "
         f"{report['initial_bpb']:.3f}; step {report['step_time'].get('step_s', 0):.3f} s",
         "",
-        "| method | link | final bpb | gap vs sync | WAN MB | bytes ÷ sync | simulated s "
-        "| utilisation (mean / min) | time to target | speed-up |",
+        "| method | link | final bpb | gap vs sync | WAN MB | sync's bytes / these "
+        "| simulated s | utilisation (mean / min) | time to target | speed-up |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, row in summary["rows"].items():
         name, mbps = key.rsplit("@", 1)
         gap = row.get("final_gap_vs_sync")
+        reused = " (reused)" if row.get("reused_from_mbps") is not None else ""
         lines.append(
-            f"| {labels.get(name, name)} | {float(mbps):g} Mbit/s | {row['final_bpb']:.3f} "
+            f"| {labels.get(name, name)} | {float(mbps):g} Mbit/s{reused} | {row['final_bpb']:.3f} "
             f"| {_fmt(None if gap is None else 100 * gap, '{:+.1f} %')} "
             f"| {row['wan_bytes'] / 1e6:,.1f} | {_fmt(row.get('bytes_ratio_vs_sync'), '{:.0f}x')} "
             f"| {row['simulated_s']:,.1f} "

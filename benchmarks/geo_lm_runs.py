@@ -110,8 +110,14 @@ def regions(mbps: float) -> dict[str, dict[str, float]]:
 
 @dataclass(frozen=True)
 class Method:
-    """One row: ``sections(spec)`` merged into the base, ``rounds(spec)`` rounds, a server
-    evaluation every ``eval_every(spec)`` rounds (at the same token counts for all)."""
+    """One row: ``sections(spec)`` merged into the base, ``rounds(spec)`` rounds.
+
+    The server evaluates after every round; the report keeps every ``eval_every(spec)``-th
+    point, so that every method's curve has points at the same token counts (every H steps).
+    ``period(spec)`` rounds repeat the same traffic (Streaming DiLoCo: P, one per fragment);
+    ``reusable`` says whether a short probe can stand for the traffic of later rounds at
+    another bandwidth (partial sync re-plans its groups every round: not reusable).
+    """
 
     name: str
     label: str
@@ -122,6 +128,8 @@ class Method:
     #: ``virtual`` methods run on the virtual clock; ``wall`` ones only on the wall clock
     #: (secure aggregation's key exchange is not simulated on the virtual clock).
     clock: str = "virtual"
+    period: Callable[[GeoSpec], int] = lambda spec: 1
+    reusable: bool = True
 
 
 def diloco_method(
@@ -130,6 +138,7 @@ def diloco_method(
     schedule: Mapping[str, Any] | None = None,
     compression: Mapping[str, Any] | None = None,
     extra: Mapping[str, Any] | None = None,
+    reusable: bool = True,
 ) -> Method:
     """A DiLoCo-family method: inner AdamW for H steps, outer Nesterov each round.
 
@@ -164,6 +173,7 @@ def diloco_method(
         rounds=lambda spec: spec.steps // spec.local_steps,
         eval_every=lambda spec: 1,
         tokens_per_round=lambda spec: spec.local_steps * spec.tokens_per_step,
+        reusable=reusable,
     )
 
 
@@ -171,8 +181,7 @@ def streaming_method(name: str, label: str, compression: Mapping[str, Any] | Non
     """Streaming DiLoCo: P fragments synced in turn (a round = one fragment, H / P steps),
     each fragment's upload overlapped with the round's last ``overlap_steps`` steps.
 
-    A server evaluation every P rounds, so its points are at the same token counts as
-    DiLoCo's (every H steps).
+    Its curve keeps every P-th point, at the same token counts as DiLoCo's (every H steps).
     """
     inner = diloco_method(name, label, compression=compression)
 
@@ -191,6 +200,7 @@ def streaming_method(name: str, label: str, compression: Mapping[str, Any] | Non
         rounds=lambda spec: spec.steps // spec.round_steps,
         eval_every=lambda spec: spec.fragments,
         tokens_per_round=lambda spec: spec.round_steps * spec.tokens_per_step,
+        period=lambda spec: spec.fragments,
     )
 
 

@@ -97,9 +97,8 @@ class StateStore:
         self.path = path
 
     def load(self, tag: str, server_round: int) -> AdamWState | None:
-        """The usable state: from the file when there is a path (it is authoritative: a
-        simulation may train a site in another worker process than last time, whose memory
-        is older), else from memory; None to start fresh."""
+        """The usable state: from the file when there is a path (it is authoritative: it is
+        what a restarted client finds), else from memory; None to start fresh."""
         if self.path is None:
             kept = self._memory.get(_CONTEXT_KEY)
             usable = isinstance(kept, AdamWState) and kept.usable_for(tag, server_round)

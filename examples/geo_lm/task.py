@@ -96,10 +96,10 @@ def server_evaluate(weights: WeightsView) -> tuple[float, dict[str, Scalar]]:
     return loss, {"bpb": bits_per_byte(loss)}
 
 
-def _int(config: Config, key: str, default: int) -> int:
+def _int(config: Config, key: str, default: int, minimum: int = 0) -> int:
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"config[{key!r}] must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"config[{key!r}] must be an integer >= {minimum}, got {value!r}")
     return value
 
 
@@ -126,9 +126,9 @@ class GeoLMClient(Client):
             raise ValueError(f"config['mode'] must be one of {MODES}, got {mode!r}")
         load_weights(self.model, parameters)
         self.model.train()
-        batch = _int(config, "batch_size", DEFAULT_BATCH)
-        steps = 1 if mode == "gradient" else _int(config, "local_steps", 1)
-        server_round = _int(config, "server_round", 1)
+        batch = _int(config, "batch_size", DEFAULT_BATCH, minimum=1)
+        steps = 1 if mode == "gradient" else _int(config, "local_steps", 1, minimum=1)
+        server_round = _int(config, "server_round", 1, minimum=1)
         segment = _int(config, "sync_segment", 0)
         windows = draw_batches(self.text, self.site, server_round, segment, steps, batch)
         if mode == "gradient":
@@ -162,7 +162,13 @@ class GeoLMClient(Client):
         tag = str(config.get("state_tag", ""))
         saved = self.store.load(tag, server_round)
         if saved is not None:
-            restore(self.model, optimizer, saved)
+            restored = restore(self.model, optimizer, saved)
+            expected = sum(1 for _ in self.model.parameters())
+            if restored != expected:
+                raise ValueError(
+                    f"the saved AdamW state covers {restored} of the model's {expected} "
+                    "parameters: it is another model's; remove it or use another state_tag"
+                )
         losses = []
         for step_windows in windows:
             optimizer.zero_grad(set_to_none=True)

@@ -15,6 +15,10 @@ The same formula as ``torch.optim.AdamW``, so a run equals one process training 
 combined batch (tested, in float64 here against float32 there). Unlike FedAdam's (Flower's
 bias-correction exponent ``t + 1``, ``tau`` outside the correction), this is the optimizer
 a site's own AdamW runs, which is what makes it the reference for DiLoCo's inner steps.
+
+``t`` is the server round, not a count of steps taken: a failed round (no update) still
+advances it, so after one the bias correction is that of a later step than torch's would
+be. Runs whose rounds all commit (every site waited for, as data parallel needs) are exact.
 """
 
 from __future__ import annotations

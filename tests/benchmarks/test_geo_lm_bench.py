@@ -163,3 +163,81 @@ def test_the_wall_check_turns_server_evaluation_off_and_stays_valid(tmp_path: Pa
     parsed = parse_config(config)
     assert parsed.evaluation.server is None
     assert parsed.simulation.clock == "wall"
+
+
+def test_a_probe_round_stands_for_later_rounds_of_the_same_phase() -> None:
+    from benchmarks.geo_lm import _probe_round
+
+    # Streaming with P = 2: the probe has rounds 0..4 (first + two periods).
+    assert [_probe_round(i, 5, 2) for i in range(9)] == [0, 1, 2, 3, 4, 3, 4, 3, 4]
+    assert [_probe_round(i, 3, 1) for i in range(5)] == [0, 1, 2, 2, 2]
+
+
+def _stub_runs(monkeypatch: pytest.MonkeyPatch, probe_bpb: list[float]) -> list[int | None]:
+    """``run_method`` replaced: a probe of ``probe_bpb`` (one phase-marking byte count per
+    round), a full run otherwise; returns the ``rounds`` of every call."""
+    import benchmarks.geo_lm as geo_lm
+
+    calls: list[int | None] = []
+
+    def run(spec: GeoSpec, chosen: Any, mbps: float, root: Path, rounds: int | None = None) -> Any:
+        calls.append(rounds)
+        if rounds is None:
+            return _record(chosen.name, mbps, [9.0] * 8, 1, 1.0)
+        record = _record(chosen.name, mbps, probe_bpb[:rounds], 0, 0.5)
+        record["curve"]["bytes_up"] = [10 + i for i in range(rounds)]  # round i's own size
+        return record
+
+    monkeypatch.setattr(geo_lm, "run_method", run)
+    return calls
+
+
+def test_reuse_maps_streaming_rounds_to_the_same_fragment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.geo_lm import probe_and_reuse
+
+    spec = GeoSpec(steps=40, local_steps=20, fragments=2, overlap_steps=2)
+    full = _record("streaming_int4", 100.0, [6.0, 5.0, 4.5, 4.0, 3.8, 3.6, 3.5, 3.4], 7, 2.0)
+    calls = _stub_runs(monkeypatch, [6.0, 5.0, 4.5, 4.0, 3.8])
+    reused = probe_and_reuse(spec, method("streaming_int4"), full, 1000.0, tmp_path)
+    assert calls == [5]  # first round + two periods of P = 2
+    assert reused["reused_from"] == 100.0
+    curve = Curve.from_dict(reused["curve"])
+    assert curve.bpb == Curve.from_dict(full["curve"]).bpb
+    assert curve.bytes_up == [10, 11, 12, 13, 14, 13, 14, 13]  # odd rounds: one fragment
+
+
+def test_reuse_runs_in_full_when_the_probe_trained_otherwise_or_the_method_replans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from benchmarks.geo_lm import probe_and_reuse
+
+    full = _record("diloco", 100.0, [6.0, 5.0, 4.5, 4.0], 7, 2.0)
+    calls = _stub_runs(monkeypatch, [6.0, 5.0, 4.6])  # round 3 differs
+    record = probe_and_reuse(SPEC, method("diloco"), full, 1000.0, tmp_path)
+    assert calls == [3, None] and "reused_from" not in record
+    assert record["reuse_refused"]["max_abs_diff_bpb"] == pytest.approx(0.1)
+    calls.clear()
+    probe_and_reuse(SPEC, method("partial_sync"), full, 1000.0, tmp_path)
+    assert calls == [None]
+    failed = probe_and_reuse(SPEC, method("diloco"), {"error": "boom"}, 1000.0, tmp_path)
+    assert failed["error"] == "the full run failed: nothing to reuse"
+
+
+def test_summary_keeps_points_at_the_same_token_counts_for_every_method() -> None:
+    """Sync data parallel is evaluated every step; its curve keeps every H-th point, so its
+    time to the target is read at the resolution DiLoCo's is."""
+    report: dict[str, Any] = {
+        "initial_bpb": 8.0,
+        "tokens_per_round": {"sync_dp": 10, "diloco": 20},
+        "eval_every": {"sync_dp": 2, "diloco": 1},
+        "records": [
+            _record("sync_dp", 100.0, [5.0, 4.0, 3.05, 3.0], 1000, 2.0),
+            _record("diloco", 100.0, [4.0, 3.0], 100, 1.0),
+        ],
+    }
+    rows = summarize(report, 3.06)["rows"]
+    assert rows["sync_dp@100"]["points"]["tokens"] == [0.0, 20.0, 40.0]
+    assert rows["sync_dp@100"]["points"]["bytes"] == [0.0, 4000.0, 8000.0]
+    assert rows["sync_dp@100"]["time_to_target_s"] == pytest.approx(8.0)  # not round 3's 6.0

@@ -89,25 +89,53 @@ def _two_rounds(first: GeoLMClient, second: GeoLMClient) -> Weights:
     return dict(after_two)
 
 
+def _continuous_adamw(client: GeoLMClient) -> dict[str, npt.NDArray[np.float32]]:
+    """What two rounds of two steps must equal: one torch AdamW over the same four batches."""
+    model = ByteLM()
+    model.load_state_dict({n: torch.from_numpy(w) for n, w in make_model().items()})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    for server_round in (1, 2):
+        for windows in draw_batches(client.text, client.site, server_round, 0, 2, 2):
+            optimizer.zero_grad()
+            torch.autograd.backward(lm_loss(model, windows))
+            optimizer.step()
+    return {n: t.detach().numpy() for n, t in model.state_dict().items()}
+
+
 def test_adamw_state_survives_a_client_restart(tmp_path: Path) -> None:
-    """A client rebuilt from scratch (new process: empty memory) continues the saved state:
-    its second round equals an uninterrupted client's, and differs from a fresh optimizer's."""
-    kept = _client(tmp_path / "kept")
-    uninterrupted = _two_rounds(kept, kept)
+    """A client rebuilt from scratch (a new process: empty memory, the state file only)
+    continues its AdamW exactly: two rounds equal one optimizer's four steps, and differ
+    from a second round that starts with a fresh optimizer."""
     restarted = _two_rounds(_client(tmp_path / "restart"), _client(tmp_path / "restart"))
+    expected = _continuous_adamw(_client(tmp_path / "reference"))
+    for name, value in expected.items():
+        np.testing.assert_allclose(restarted[name], value, rtol=0, atol=1e-6, err_msg=name)
     fresh_dir = tmp_path / "reset"
-    first = _client(fresh_dir)
-    reset_client = _client(fresh_dir)
-    weights = make_model()
-    after_one, _, _ = first.fit(weights, _fit_config(1))
-    (fresh_dir / "site-1.adamw.safetensors").unlink()  # what a reset would do
-    reset = dict(reset_client.fit(dict(after_one), _fit_config(2))[0])
-    for name in uninterrupted:
-        assert np.array_equal(uninterrupted[name], restarted[name]), name
-    assert any(not np.allclose(uninterrupted[n], reset[n], atol=1e-7) for n in reset)
+    after_one, _, _ = _client(fresh_dir).fit(make_model(), _fit_config(1))
+    (fresh_dir / "site-1.adamw.safetensors").unlink()  # what a lost state would do
+    reset = dict(_client(fresh_dir).fit(dict(after_one), _fit_config(2))[0])
+    assert any(not np.allclose(expected[n], reset[n], atol=1e-6) for n in reset)
     saved = StateStore({}, tmp_path / "restart" / "site-1.adamw.safetensors").load("test", 3)
     assert saved is not None
     assert float(saved.tensors["embed.weight.step"][0]) == 4.0
+
+
+def test_adamw_state_continues_in_memory_without_a_state_dir() -> None:
+    """Without ``state-dir`` the context's memory carries the state to a rebuilt client."""
+    memory: dict[str, object] = {}
+    first = GeoLMClient(1, SITES, StateStore(memory, None))
+    rebuilt = GeoLMClient(1, SITES, StateStore(memory, None))
+    continued = _two_rounds(first, rebuilt)
+    expected = _continuous_adamw(first)
+    for name, value in expected.items():
+        np.testing.assert_allclose(continued[name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("key", ["batch_size", "local_steps"])
+def test_an_empty_fit_is_refused_before_it_trains(key: str) -> None:
+    client = GeoLMClient(1, SITES, StateStore({}, None))
+    with pytest.raises(ValueError, match=f"config\\['{key}'\\] must be an integer >= 1"):
+        client.fit(make_model(), {**_fit_config(1), key: 0})
 
 
 def test_state_of_another_run_is_not_used(tmp_path: Path) -> None:
