@@ -103,6 +103,12 @@ def _against_reference(rows: dict[str, dict[str, Any]]) -> None:
         )
         mine, theirs = row["time_to_target_s"], reference["time_to_target_s"]
         row["speedup_to_target_vs_sync"] = theirs / mine if mine and theirs else None
+        # The other way round: how long the reference took to reach this row's final loss.
+        sync_s = _time_to(reference["points"], row["final_bpb"])
+        row["sync_time_to_this_final_s"] = sync_s
+        row["speedup_at_this_final_vs_sync"] = (
+            sync_s / row["simulated_s"] if sync_s and row["simulated_s"] else None
+        )
 
 
 def summarize(report: Mapping[str, Any], target_bpb: float | None) -> dict[str, Any]:
@@ -145,8 +151,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"{report['initial_bpb']:.3f}; step {report['step_time'].get('step_s', 0):.3f} s",
         "",
         "| method | link | final bpb | gap vs sync | WAN MB | sync's bytes / these "
-        "| simulated s | utilisation (mean / min) | time to target | speed-up |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| simulated s | utilisation (mean / min) | time to target | speed-up "
+        "| sync's time to this final bpb | speed-up at this bpb |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, row in summary["rows"].items():
         name, mbps = key.rsplit("@", 1)
@@ -159,7 +166,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             f"| {row['simulated_s']:,.1f} "
             f"| {100 * row['utilisation']['mean']:.1f} % / {100 * row['utilisation']['min']:.1f} % "
             f"| {_fmt(row['time_to_target_s'], '{:,.1f} s')} "
-            f"| {_fmt(row.get('speedup_to_target_vs_sync'), '{:.1f}x')} |"
+            f"| {_fmt(row.get('speedup_to_target_vs_sync'), '{:.1f}x')} "
+            f"| {_fmt(row.get('sync_time_to_this_final_s'), '{:,.1f} s')} "
+            f"| {_fmt(row.get('speedup_at_this_final_vs_sync'), '{:.1f}x')} |"
         )
     for failure in summary["failed"]:
         lines.append(f"\nFAILED {failure}")

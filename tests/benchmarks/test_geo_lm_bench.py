@@ -90,6 +90,9 @@ def test_summary_ratios_against_sync_dp() -> None:
     assert row["time_to_target_s"] == pytest.approx(2.0)
     assert summary["rows"]["sync_dp@100"]["time_to_target_s"] == pytest.approx(8.0)
     assert row["speedup_to_target_vs_sync"] == pytest.approx(4.0)
+    # sync reaches DiLoCo's final 3.03 only at its 3.0 (8 s); DiLoCo ended at 2 s.
+    assert row["sync_time_to_this_final_s"] == pytest.approx(8.0)
+    assert row["speedup_at_this_final_vs_sync"] == pytest.approx(4.0)
     assert row["utilisation"] == {"mean": pytest.approx(0.375), "min": pytest.approx(0.25)}
     report["summary"] = summary
     assert "DiLoCo" in render_markdown(report)
