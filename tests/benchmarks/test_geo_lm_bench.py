@@ -158,14 +158,28 @@ def test_resume_keeps_the_partial_runs_and_refuses_another_spec(tmp_path: Path) 
         _resumed(_args(out, local_steps=10, fragments=2))
 
 
-def test_the_wall_check_turns_server_evaluation_off_and_stays_valid(tmp_path: Path) -> None:
-    config = deep_merge(
-        base_config(SPEC, replace(SYNC_DP, clock="wall"), 100.0, tmp_path),
-        {"evaluation": {"every": 0, "server": None}},
-    )
-    parsed = parse_config(config)
-    assert parsed.evaluation.server is None
-    assert parsed.simulation.clock == "wall"
+def test_the_wall_check_runs_both_clocks_without_server_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wall_validation`` runs the method on both clocks at the shared-core step time, with
+    server evaluation off, in a configuration geofl accepts, and compares rounds 2 on."""
+    import benchmarks.geo_lm as geo_lm
+
+    calls: list[dict[str, Any]] = []
+
+    def run(spec: GeoSpec, chosen: Any, mbps: float, root: Path, **kwargs: Any) -> Any:
+        config = deep_merge(base_config(spec, chosen, mbps, root), kwargs["overrides"])
+        calls.append({"config": parse_config(config), "spec": spec, "rounds": kwargs["rounds"]})
+        seconds = 2.0 if chosen.clock == "wall" else 1.5
+        return _record(chosen.name, mbps, [5.0, 4.0, 3.0], 100, seconds)
+
+    monkeypatch.setattr(geo_lm, "run_method", run)
+    monkeypatch.setattr(geo_lm, "measure_tokens_per_s", lambda concurrent: {"tokens_per_s": 99.0})
+    result = geo_lm.wall_validation(SPEC, SYNC_DP, tmp_path, rounds=3)
+    assert [c["config"].simulation.clock for c in calls] == ["wall", "virtual"]
+    assert all(c["config"].evaluation.server is None for c in calls)
+    assert all(c["spec"].tokens_per_s == 99.0 and c["rounds"] == 3 for c in calls)
+    assert result["round_error"] == pytest.approx(-0.25)  # 1.5 s against 2.0 s
 
 
 def test_a_probe_round_stands_for_later_rounds_of_the_same_phase() -> None:
