@@ -86,7 +86,12 @@ __all__ = [
 
 def _sync_dp_sections(spec: GeoSpec) -> dict[str, Any]:
     return {
-        "strategy": {"name": "adamw", "server_lr": spec.lr, "weight_decay": spec.weight_decay},
+        "strategy": {
+            "name": "adamw",
+            "server_lr": spec.lr,
+            "weight_decay": spec.weight_decay,
+            **spec.lr_schedule,
+        },
         "round_config": {"mode": "gradient"},
     }
 
@@ -195,7 +200,18 @@ def run_method(
 
 #: What synchronous data parallel's training depends on: a report whose spec has the same
 #: values trained the same curve (the virtual clock is deterministic; H is not among them).
-_SYNC_DP_INPUTS = ("sites", "steps", "batch", "lr", "weight_decay", "seed", "tokens_per_s")
+_SYNC_DP_INPUTS = (
+    "sites",
+    "steps",
+    "batch",
+    "lr",
+    "weight_decay",
+    "warmup_steps",
+    "cosine",
+    "final_lr_ratio",
+    "seed",
+    "tokens_per_s",
+)
 
 
 def reference_records(
@@ -210,7 +226,10 @@ def reference_records(
         on (:data:`_SYNC_DP_INPUTS`), or it has no successful record at a bandwidth asked for.
     """
     earlier = json.loads(path.read_text())
-    differing = [k for k in _SYNC_DP_INPUTS if earlier["spec"][k] != getattr(spec, k)]
+    defaults = asdict(GeoSpec())  # reports from before a setting existed had its default
+    differing = [
+        k for k in _SYNC_DP_INPUTS if earlier["spec"].get(k, defaults[k]) != getattr(spec, k)
+    ]
     if differing:
         raise ValueError(f"{path}: its spec differs in {differing}; run sync_dp again instead")
     found = {
@@ -352,6 +371,14 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--overlap-steps", type=int, default=GeoSpec.overlap_steps)
     parser.add_argument("--outer-lr", type=float, default=GeoSpec.outer_lr)
     parser.add_argument("--outer-momentum", type=float, default=GeoSpec.outer_momentum)
+    parser.add_argument("--warmup-steps", type=int, default=GeoSpec.warmup_steps)
+    parser.add_argument(
+        "--cosine",
+        action="store_true",
+        help="decay the inner (and data parallel's) learning rate by a cosine to "
+        "--final-lr-ratio of it at the last step",
+    )
+    parser.add_argument("--final-lr-ratio", type=float, default=GeoSpec.final_lr_ratio)
     parser.add_argument("--mbps", type=float, nargs="+", default=[100.0, 1000.0])
     parser.add_argument("--methods", nargs="+", default=[m.name for m in METHODS])
     parser.add_argument("--target-bpb", type=float, default=None, help="default: see report")
@@ -394,6 +421,9 @@ def _spec(args: argparse.Namespace, tokens_per_s: float) -> GeoSpec:
         overlap_steps=args.overlap_steps,
         outer_lr=args.outer_lr,
         outer_momentum=args.outer_momentum,
+        warmup_steps=args.warmup_steps,
+        cosine=args.cosine,
+        final_lr_ratio=args.final_lr_ratio,
         tokens_per_s=tokens_per_s,
     )
 

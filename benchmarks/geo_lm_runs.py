@@ -64,6 +64,11 @@ class GeoSpec:
     batch: int = 8
     lr: float = 1e-3
     weight_decay: float = 0.01
+    #: The inner (and data parallel's) learning rate: linear warmup over ``warmup_steps``,
+    #: then, with ``cosine``, decay to ``final_lr_ratio`` of ``lr`` at the last step.
+    warmup_steps: int = 0
+    cosine: bool = False
+    final_lr_ratio: float = 0.1
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     sync_points: int = 4
@@ -88,6 +93,16 @@ class GeoSpec:
                 f"local_steps ({self.local_steps}) must be a multiple of fragments "
                 f"({self.fragments}) and overlap_steps ({self.overlap_steps}) below H / P"
             )
+
+    @property
+    def lr_schedule(self) -> dict[str, Any]:
+        """The schedule's settings, as the sites' round config and the ``adamw`` strategy
+        take them (:mod:`geofl.protocols.lr_schedule`; step = a site's step count)."""
+        return {
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.steps if self.cosine else 0,
+            "final_lr_ratio": self.final_lr_ratio,
+        }
 
     @property
     def round_steps(self) -> int:
@@ -217,6 +232,7 @@ def base_config(spec: GeoSpec, method: Method, mbps: float, workdir: Path) -> di
             "weight_decay": spec.weight_decay,
             "batch_size": spec.batch,
             "state_tag": f"{method.name}-{spec.seed}",
+            **spec.lr_schedule,
         },
         "evaluation": {
             "every": method.eval_every(spec),

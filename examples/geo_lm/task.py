@@ -14,6 +14,11 @@ server's mean is the plain mean, as DiLoCo and data parallel average) and as
 ``samples_trained``, which the virtual clock divides by ``simulation.compute.samples_per_s``:
 set that to the tokens per second of a measured step (``python -m examples.geo_lm.steptime``).
 
+The inner learning rate may follow a warmup and cosine decay (round config
+``warmup_steps``, ``decay_steps``, ``final_lr_ratio``; :mod:`geofl.protocols.lr_schedule`)
+by the site's own AdamW step count, which counts every step it took in the run: step ``t``
+of a site then has the rate the server's ``adamw`` gives synchronous data parallel's step ``t``.
+
 Batches are drawn from the site's text by a generator seeded with the site, the round
 and the segment, so a run is reproducible and a rebuilt or restarted client draws the
 same batches it would have.
@@ -21,6 +26,7 @@ same batches it would have.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -33,6 +39,7 @@ from examples.geo_lm.model import ByteLM, bits_per_byte, lm_loss
 from examples.geo_lm.optimizer_state import StateStore, capture, restore
 from geofl.client.app import Client, ClientContext
 from geofl.client.torch import load_weights, weights_of
+from geofl.protocols.lr_schedule import check_schedule, scheduled_lr
 from geofl.protocols.types import Config, Metrics, Scalar, Weights, WeightsView
 
 __all__ = [
@@ -169,8 +176,12 @@ class GeoLMClient(Client):
                     f"the saved AdamW state covers {restored} of the model's {expected} "
                     "parameters: it is another model's; remove it or use another state_tag"
                 )
+        lr_of = _schedule(config)
+        taken = _steps_taken(optimizer)
         losses = []
-        for step_windows in windows:
+        for offset, step_windows in enumerate(windows, start=1):
+            for group in optimizer.param_groups:
+                group["lr"] = lr_of(taken + offset)
             optimizer.zero_grad(set_to_none=True)
             loss = lm_loss(self.model, step_windows)
             torch.autograd.backward(loss)
@@ -184,6 +195,25 @@ class GeoLMClient(Client):
         load_weights(self.model, parameters)
         loss = validation_loss(self.model)
         return loss, VALIDATION_COUNT * _context(), {"bpb": bits_per_byte(loss)}
+
+
+def _schedule(config: Config) -> Callable[[int], float]:
+    """The inner learning rate by 1-based step, from the round config."""
+    lr = _float(config, "lr", 1e-3)
+    warmup = _int(config, "warmup_steps", 0)
+    decay = _int(config, "decay_steps", 0)
+    final_ratio = _float(config, "final_lr_ratio", 0.1)
+    check_schedule(warmup, decay, final_ratio)
+    return lambda step: scheduled_lr(lr, step, warmup, decay, final_ratio)
+
+
+def _steps_taken(optimizer: torch.optim.Optimizer) -> int:
+    """AdamW steps this site has taken (0 before its first; restored state counts)."""
+    for state in optimizer.state.values():
+        step = state.get("step")
+        if step is not None:
+            return int(step)
+    return 0
 
 
 def _node_int(context: ClientContext, key: str, default: int) -> int:

@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from geofl.protocols.lr_schedule import check_schedule
 from geofl.server.config.fields import ConfigScalar, Section
 from geofl.server.config.robust import RobustConfig, breakdown_problem
 from geofl.server.strategies.flower import (
@@ -227,6 +228,26 @@ class AdamWConfig(StrategyBase):
         allow_inf_nan=False,
         description="Decoupled weight decay: weights shrink by server_lr x this each step.",
     )
+    warmup_steps: int = Field(
+        default=0, ge=0, description="Rounds of linear learning-rate warmup (0: none)."
+    )
+    decay_steps: int = Field(
+        default=0,
+        ge=0,
+        description="Round at which the cosine decay reaches final_lr_ratio (0: no decay).",
+    )
+    final_lr_ratio: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="The decayed learning rate as a share of server_lr.",
+    )
+
+    @model_validator(mode="after")
+    def _schedule_is_valid(self) -> AdamWConfig:
+        check_schedule(self.warmup_steps, self.decay_steps, self.final_lr_ratio)
+        return self
 
 
 #: Keyword arguments for a Flower strategy class: YAML scalars, or null.

@@ -11,7 +11,10 @@ the server round::
     v = beta_2 * v + (1 - beta_2) * g**2
     w = w * (1 - lr * weight_decay) - lr * (m / (1 - beta_1**t)) / (sqrt(v / (1 - beta_2**t)) + eps)
 
-The same formula as ``torch.optim.AdamW``, so a run equals one process training on the
+``lr`` may follow a warmup and cosine decay by ``t`` (``warmup_steps``, ``decay_steps``,
+``final_lr_ratio``: :mod:`geofl.protocols.lr_schedule`, the formula DiLoCo's sites use),
+as ``torch.optim.lr_scheduler.LambdaLR`` stepped once per step would. The same formula as
+``torch.optim.AdamW``, so a run equals one process training on the
 combined batch (tested, in float64 here against float32 there). Unlike FedAdam's (Flower's
 bias-correction exponent ``t + 1``, ``tau`` outside the correction), this is the optimizer
 a site's own AdamW runs, which is what makes it the reference for DiLoCo's inner steps.
@@ -28,6 +31,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from geofl.protocols.lr_schedule import check_schedule, scheduled_lr
 from geofl.protocols.types import Config, Weights, WeightsView
 from geofl.server.strategies._numeric import F64Array, is_integer, to_dtype
 from geofl.server.strategies.server_opt import ServerOptStrategy, check_range
@@ -51,6 +55,9 @@ class AdamW(ServerOptStrategy):
     weight_decay
         Decoupled weight decay, >= 0 (applied to every float tensor, as
         ``torch.optim.AdamW`` over all parameters does).
+    warmup_steps, decay_steps, final_lr_ratio
+        The learning rate's schedule by round (:mod:`geofl.protocols.lr_schedule`);
+        the defaults keep ``server_lr`` constant.
     """
 
     name: ClassVar[str] = "adamw"
@@ -63,6 +70,9 @@ class AdamW(ServerOptStrategy):
         beta_2: float = 0.999,
         eps: float = 1e-8,
         weight_decay: float = 0.01,
+        warmup_steps: int = 0,
+        decay_steps: int = 0,
+        final_lr_ratio: float = 0.1,
     ) -> None:
         super().__init__()
         self.server_lr = check_range(
@@ -74,22 +84,35 @@ class AdamW(ServerOptStrategy):
         self.weight_decay = check_range(
             "weight_decay", weight_decay, 0.0, _INF, low_open=False, high_open=True
         )
+        check_schedule(warmup_steps, decay_steps, final_lr_ratio)
+        self.warmup_steps = warmup_steps
+        self.decay_steps = decay_steps
+        self.final_lr_ratio = final_lr_ratio
 
     def hyperparameters(self) -> Config:
-        """Return the five hyperparameters by name."""
+        """Return the hyperparameters by name."""
         return {
             "server_lr": self.server_lr,
             "beta_1": self.beta_1,
             "beta_2": self.beta_2,
             "eps": self.eps,
             "weight_decay": self.weight_decay,
+            "warmup_steps": self.warmup_steps,
+            "decay_steps": self.decay_steps,
+            "final_lr_ratio": self.final_lr_ratio,
         }
+
+    def lr_at(self, server_round: int) -> float:
+        """The learning rate of round ``server_round`` (``server_lr`` unless scheduled)."""
+        return scheduled_lr(
+            self.server_lr, server_round, self.warmup_steps, self.decay_steps, self.final_lr_ratio
+        )
 
     def apply(
         self, global_weights: WeightsView, mean_delta: WeightsView, server_round: int
     ) -> Weights:
         """Decay the float weights (decoupled), then take the Adam step from the mean delta."""
-        factor = 1.0 - self.server_lr * self.weight_decay
+        factor = 1.0 - self.lr_at(server_round) * self.weight_decay
         decayed: Weights = {
             name: weights
             if is_integer(weights.dtype) or factor == 1.0
@@ -107,5 +130,5 @@ class AdamW(ServerOptStrategy):
         v = self.beta_2 * state["v"] + (1.0 - self.beta_2) * gradient**2
         first = 1.0 - self.beta_1**server_round
         second = 1.0 - self.beta_2**server_round
-        increment = -self.server_lr * (m / first) / (np.sqrt(v / second) + self.eps)
+        increment = -self.lr_at(server_round) * (m / first) / (np.sqrt(v / second) + self.eps)
         return increment, {"m": m, "v": v}

@@ -131,6 +131,28 @@ def test_reference_reuses_sync_dp_of_a_report_that_trained_the_same_curve(
         reference_records(path, replace(SPEC, lr=2e-3), [100.0])
     with pytest.raises(ValueError, match=re.escape("no successful sync_dp record at [10.0]")):
         reference_records(path, SPEC, [10.0])
+    with pytest.raises(ValueError, match=re.escape("differs in ['cosine']")):
+        reference_records(path, replace(SPEC, cosine=True), [100.0])
+
+
+def test_a_report_from_before_the_schedule_existed_had_a_constant_rate(tmp_path: Path) -> None:
+    path = _earlier_report(tmp_path, SPEC)
+    report = json.loads(path.read_text())
+    for key in ("warmup_steps", "cosine", "final_lr_ratio"):
+        del report["spec"][key]
+    path.write_text(json.dumps(report))
+    assert len(reference_records(path, SPEC, [100.0])) == 1
+    with pytest.raises(ValueError, match=re.escape("differs in ['warmup_steps']")):
+        reference_records(path, replace(SPEC, warmup_steps=5), [100.0])
+
+
+def test_the_schedule_reaches_the_sites_and_data_parallels_server_alike(tmp_path: Path) -> None:
+    spec = replace(SPEC, warmup_steps=4, cosine=True, final_lr_ratio=0.2)
+    expected = {"warmup_steps": 4, "decay_steps": spec.steps, "final_lr_ratio": 0.2}
+    diloco = parse_config(base_config(spec, method("diloco"), 100.0, tmp_path / "a"))
+    assert {k: diloco.round_config[k] for k in expected} == expected
+    sync = parse_config(base_config(spec, SYNC_DP, 100.0, tmp_path / "b"))
+    assert {k: getattr(sync.strategy, k) for k in expected} == expected
 
 
 def _args(out: Path, **changes: Any) -> Any:

@@ -17,6 +17,7 @@ from examples.geo_lm import data
 from examples.geo_lm.model import ByteLM, lm_loss
 from examples.geo_lm.optimizer_state import StateStore
 from examples.geo_lm.task import GeoLMClient, draw_batches, make_model
+from geofl.protocols.lr_schedule import scheduled_lr
 from geofl.protocols.types import Config, Weights
 from geofl.server.strategies.adamw import AdamW
 
@@ -66,7 +67,11 @@ def test_too_few_packages_for_the_sites_is_refused() -> None:
         data.site_packages(10_000)
 
 
-def _fit_config(server_round: int, steps: int = 2) -> Config:
+#: Warmup over the first step, cosine decay to a fifth by the fourth (of two rounds of two).
+SCHEDULE: Config = {"warmup_steps": 1, "decay_steps": 4, "final_lr_ratio": 0.2}
+
+
+def _fit_config(server_round: int, steps: int = 2, schedule: Config | None = None) -> Config:
     return {
         "mode": "adamw",
         "local_steps": steps,
@@ -74,6 +79,7 @@ def _fit_config(server_round: int, steps: int = 2) -> Config:
         "lr": 1e-3,
         "server_round": server_round,
         "state_tag": "test",
+        **(schedule or {}),
     }
 
 
@@ -82,24 +88,44 @@ def _client(state_dir: Path, memory: dict[str, object] | None = None) -> GeoLMCl
     return GeoLMClient(1, SITES, StateStore({} if memory is None else memory, path))
 
 
-def _two_rounds(first: GeoLMClient, second: GeoLMClient) -> Weights:
+def _two_rounds(first: GeoLMClient, second: GeoLMClient, schedule: Config | None = None) -> Weights:
     weights = make_model()
-    after_one, _, _ = first.fit(weights, _fit_config(1))
-    after_two, _, _ = second.fit(dict(after_one), _fit_config(2))
+    after_one, _, _ = first.fit(weights, _fit_config(1, schedule=schedule))
+    after_two, _, _ = second.fit(dict(after_one), _fit_config(2, schedule=schedule))
     return dict(after_two)
 
 
-def _continuous_adamw(client: GeoLMClient) -> dict[str, npt.NDArray[np.float32]]:
-    """What two rounds of two steps must equal: one torch AdamW over the same four batches."""
+def _continuous_adamw(
+    client: GeoLMClient, schedule: Config | None = None
+) -> dict[str, npt.NDArray[np.float32]]:
+    """What two rounds of two steps must equal: one torch AdamW over the same four batches
+    (with ``schedule``: under a ``LambdaLR`` stepped after every step)."""
     model = ByteLM()
     model.load_state_dict({n: torch.from_numpy(w) for n, w in make_model().items()})
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    settings = {"warmup_steps": 0, "decay_steps": 0, "final_lr_ratio": 0.1, **(schedule or {})}
+    lambdas = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda done: scheduled_lr(
+            1.0,
+            done + 1,
+            int(settings["warmup_steps"]),
+            int(settings["decay_steps"]),
+            float(settings["final_lr_ratio"]),
+        ),
+    )
     for server_round in (1, 2):
         for windows in draw_batches(client.text, client.site, server_round, 0, 2, 2):
             optimizer.zero_grad()
             torch.autograd.backward(lm_loss(model, windows))
             optimizer.step()
+            lambdas.step()
     return {n: t.detach().numpy() for n, t in model.state_dict().items()}
+
+
+def _assert_close(found: Weights, expected: dict[str, npt.NDArray[np.float32]]) -> None:
+    for name, value in expected.items():
+        np.testing.assert_allclose(found[name], value, rtol=0, atol=1e-6, err_msg=name)
 
 
 def test_adamw_state_survives_a_client_restart(tmp_path: Path) -> None:
@@ -129,6 +155,24 @@ def test_adamw_state_continues_in_memory_without_a_state_dir() -> None:
     expected = _continuous_adamw(first)
     for name, value in expected.items():
         np.testing.assert_allclose(continued[name], value, rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_scheduled_rate_follows_the_sites_step_count_across_a_restart(tmp_path: Path) -> None:
+    """With warmup and cosine decay, a site restarted between rounds takes its steps at the
+    rates of one continuous schedule (its step count comes back with its state), which is
+    not what a schedule restarted at step 1 each round would give."""
+    restarted = _two_rounds(_client(tmp_path / "a"), _client(tmp_path / "a"), SCHEDULE)
+    reference = _client(tmp_path / "reference")
+    _assert_close(restarted, _continuous_adamw(reference, SCHEDULE))
+    unscheduled = _continuous_adamw(reference)
+    assert any(not np.allclose(restarted[n], unscheduled[n], atol=1e-6) for n in unscheduled)
+
+
+def test_a_schedule_that_decays_before_its_warmup_ends_is_refused() -> None:
+    client = GeoLMClient(1, SITES, StateStore({}, None))
+    bad: Config = {"warmup_steps": 4, "decay_steps": 4}
+    with pytest.raises(ValueError, match="must exceed warmup"):
+        client.fit(make_model(), _fit_config(1, schedule=bad))
 
 
 @pytest.mark.parametrize("key", ["batch_size", "local_steps"])
