@@ -5,7 +5,8 @@ engine selects it, hands it tasks with deadlines and settles them. A task is ser
 coroutine that lives on the simulated clock:
 
 1. download: the model version (compressed as the client's downlink says) takes
-   ``rtt/2 + jitter + 8 bytes / down rate`` simulated seconds;
+   ``rtt + rtt/2 + jitter + 8 bytes / down rate`` simulated seconds (the task's notice and
+   the client's request, then the model's trip; ``rtt/2`` when the client holds it);
 2. compute: the job (the user's client app, in a backend worker) runs for real, and the
    clock charges ``samples / samples_per_s`` for it;
 3. upload: the update, encoded under the server's upload plan, takes
@@ -283,7 +284,7 @@ class VirtualFleet:
         chain = self._compression.down_chain(who.region)
         held = int(self._held[position])
         down_bytes, raw_down = await self._download_size(task.model_version, chain, held)
-        download_s = link.download_s(down_bytes, link.sample_jitter_s(self._rng))
+        download_s = link.fetch_s(down_bytes, link.sample_jitter_s(self._rng))
         if self._clock.time() + download_s > task.deadline:
             self.stats.skipped += 1
             return await self._until(offline_at, task.deadline, None)  # late: engine settles

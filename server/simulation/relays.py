@@ -8,7 +8,8 @@ region's clients, :class:`VersionPlan` numbering, :func:`local_budget`), fed by 
 coordinator is:
 
 1. the relay downloads the global model over its WAN link (the region's ``rtt_ms``,
-   ``simulation.relay.mbps`` each way);
+   ``simulation.relay.mbps`` each way; the task's notice and its request cost one round
+   trip more, as for every client: :meth:`ClientLink.fetch_s`);
 2. it runs ``local_rounds`` regional FedAvg rounds in the time the coordinator's deadline
    leaves after its own upload (:func:`regional_budget`): its clients download from and
    upload to the relay over their own access links with ``simulation.relay.rtt_ms``;
@@ -365,7 +366,7 @@ class VirtualRelays:
             )
             if broadcast is not None:
                 size, raw = broadcast.wire_bytes, broadcast.raw_bytes
-        await asyncio.sleep(region.uplink.download_s(size))
+        await asyncio.sleep(region.uplink.fetch_s(size))
         view = self._models.view(task.model_version, chain)
         if view is None:
             raise RegionalError(f"model version {task.model_version} is not available")

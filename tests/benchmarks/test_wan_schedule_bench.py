@@ -150,7 +150,7 @@ def test_flower_round_is_the_slowest_clients_download_compute_and_upload() -> No
     links = _links(wan.WanSpec())
     nbytes, clients = 400_000, [(3, 500), (17, 100), (42, 900)]
     expected = max(
-        links[i].download_s(nbytes) + samples / links[i].samples_per_s + links[i].upload_s(nbytes)
+        links[i].fetch_s(nbytes) + samples / links[i].samples_per_s + links[i].upload_s(nbytes)
         for i, samples in clients
     )
     assert flower_round_s(links, nbytes, clients) == pytest.approx(expected)

@@ -249,7 +249,9 @@ def test_every_k_arrivals_apply_the_staleness_discounted_mean(tmp_path: Path) ->
 
 
 def test_updates_past_the_staleness_bound_are_late_and_not_applied(tmp_path: Path) -> None:
-    far = {**NEAR, "rtt_ms": 1000}
+    # The far task takes 0.75 s to fetch (notice, request, model), 0.1 s to train and
+    # 0.25 s to upload: it lands about 11 near versions after it was handed out.
+    far = {**NEAR, "rtt_ms": 500}
     config = _virtual(
         tmp_path,
         2,
@@ -555,7 +557,9 @@ def test_a_client_whose_every_arrival_is_stale_still_has_its_link_recorded(
 ) -> None:
     # The far client's task is handed out for one version and lands versions later, as
     # the near one goes on alone: its estimate must still be recorded with some version.
-    far = {**NEAR, "rtt_ms": 1000}
+    # The far task takes 0.75 s to fetch (notice, request, model), 0.1 s to train and
+    # 0.25 s to upload: it lands about 11 near versions after it was handed out.
+    far = {**NEAR, "rtt_ms": 500}
     config = _virtual(
         tmp_path,
         2,

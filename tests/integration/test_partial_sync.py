@@ -121,7 +121,7 @@ def test_group_uploads_overlap_the_remaining_segments(tmp_path: Path) -> None:
         link = links.link(int(node.name.removeprefix("sim-")))
         assert link.jitter_s == 0 and link.loss == 0  # the closed form below assumes both
         assert participation.bytes_up == sum(GROUP_BYTES)
-        download_s = link.download_s(participation.bytes_down)
+        download_s = link.fetch_s(participation.bytes_down)
         compute_s = sum(10 * steps for steps in SEGMENTS) / link.samples_per_s
         # One sender: group k goes once its segment has trained and group k-1 is through.
         sender_free = 0.0

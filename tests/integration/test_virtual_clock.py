@@ -61,7 +61,7 @@ def test_durations_follow_the_link_model_exactly(tmp_path: Path) -> None:
     for participation, node in fits:
         link = links.link(int(node.name.removeprefix("sim-")))
         expected = (
-            link.download_s(participation.bytes_down)
+            link.fetch_s(participation.bytes_down)
             + 100 / SPEED
             + link.upload_s(participation.bytes_up)
         )

@@ -200,10 +200,12 @@ def test_a_relays_fit_lasts_wan_down_regional_round_wan_up(tmp_path: Path) -> No
         assert participation.bytes_down == broadcast
         assert participation.bytes_up == participation.bytes_up_raw == raw
         wan_s = region.rtt_ms / 1000
-        wan_down = transfer_time_s(broadcast, relay_mbps * 1e6, wan_s)
+        # A fetch pays the task's notice and the request (one rtt) before the model's trip.
+        wan_down = wan_s + transfer_time_s(broadcast, relay_mbps * 1e6, wan_s)
         wan_up = transfer_time_s(raw, relay_mbps * 1e6, wan_s)
         per_client = [
-            transfer_time_s(broadcast, link.down_bps, relay_rtt_ms / 1000)
+            relay_rtt_ms / 1000
+            + transfer_time_s(broadcast, link.down_bps, relay_rtt_ms / 1000)
             + EXAMPLES / link.samples_per_s
             + transfer_time_s(raw, link.up_bps, relay_rtt_ms / 1000)
             for link in links.links
@@ -215,9 +217,10 @@ def test_a_relays_fit_lasts_wan_down_regional_round_wan_up(tmp_path: Path) -> No
 
 
 def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: Path) -> None:
-    # Both relays' downloads end before the deadline, but too little is left after them
-    # for the upload (0.05 s at 100 ms RTT), let alone a regional round.
-    rtt_ms, deadline_s = 100.0, 0.08
+    # Both relays' downloads (the task's notice and request, 0.1 s at 100 ms RTT, then the
+    # model's 0.05 s trip) end before the deadline, but too little is left after them for
+    # the upload (0.05 s), let alone a regional round.
+    rtt_ms, deadline_s = 100.0, 0.18
     regions = {name: {**model, "rtt_ms": rtt_ms} for name, model in UNEVEN.items()}
     config = _relayed(
         tmp_path,
@@ -234,8 +237,9 @@ def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: 
     assert [r.status for r in rounds] == ["failed", "failed"]
     assert _checkpoints(config) == {}
     broadcast, _ = _initial_bytes(config)
-    download_s = transfer_time_s(broadcast, config.simulation.relay.mbps * 1e6, rtt_ms / 1000)
-    assert download_s < deadline_s
+    wan_s = rtt_ms / 1000
+    download_s = wan_s + transfer_time_s(broadcast, config.simulation.relay.mbps * 1e6, wan_s)
+    assert download_s < deadline_s < download_s + wan_s / 2
     fits = [(p, node) for p, node in pairs if p.kind == "fit"]
     assert sorted(node.name for _, node in fits) == ["relay-far"] * 2 + ["relay-near"] * 2
     for participation, node in fits:

@@ -113,7 +113,11 @@ def test_constant_distributions_give_exact_region_figures() -> None:
         assert link.download_s(megabyte) == pytest.approx(down, rel=1e-12)
         assert link.upload_s(megabyte) == pytest.approx(up, rel=1e-12)
         assert link.compute_s(100) == pytest.approx(2.0, rel=1e-12)
-        assert link.round_s(megabyte, megabyte, 100) == pytest.approx(down + 2 + up, rel=1e-12)
+        # Fetching a model adds the task's notice and the request: one rtt.
+        fetch = region.rtt_ms / 1000 + down
+        assert link.fetch_s(megabyte) == pytest.approx(fetch, rel=1e-12)
+        assert link.fetch_s(0) == pytest.approx(region.rtt_ms / 2000, rel=1e-12)  # held
+        assert link.round_s(megabyte, megabyte, 100) == pytest.approx(fetch + 2 + up, rel=1e-12)
 
 
 def test_region_assignment_is_seeded_and_unrelated_to_the_index() -> None:
