@@ -57,7 +57,14 @@ from geofl.server.simulation.traces import ClientTrace
 from geofl.server.simulation.virtual_loop import real_work
 from geofl.server.simulation.workers import ClientIdentity, Job, JobResult, UploadedTensor
 
-__all__ = ["FleetStats", "InFlight", "VirtualFleet", "VirtualUpdate", "plain_link"]
+__all__ = [
+    "FleetStats",
+    "InFlight",
+    "VirtualFleet",
+    "VirtualUpdate",
+    "plain_link",
+    "upload_seed",
+]
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +197,8 @@ class VirtualFleet:
         self._spec = spec
         self._run_id = run_id
         self._rng = np.random.default_rng([seed, 0x5EED])
+        self._seed = seed
+        self._jobs_of: dict[int, int] = {}  # jobs handed to each client so far
         self._start = clock.monotonic()
         self._identities: dict[int, ClientIdentity] = {}
         # Clients are named by their index in the whole simulation (their partition);
@@ -355,6 +364,7 @@ class VirtualFleet:
     def _job(self, who: ClientIdentity, task: TaskRecord, chain: Chain) -> Job:
         plan: UploadPlan | None = task.upload if task.kind == "fit" else None
         config: dict[str, Scalar] = dict(task.config)
+        ordinal = self._jobs_of[who.index] = self._jobs_of.get(who.index, 0) + 1
         return Job(
             who,
             "fit" if task.kind == "fit" else "evaluate",
@@ -364,6 +374,7 @@ class VirtualFleet:
             self._run_id,
             task.round,
             task.task_id,
+            upload_seed=upload_seed(self._seed, who.index, ordinal),
         )
 
     def _upload_order(self, task: TaskRecord) -> ModelSpec:
@@ -491,6 +502,15 @@ def overlapped_upload(
     (:func:`upload_timeline`)."""
     timeline = upload_timeline(link, groups, jitter_s)
     return timeline.compute_s, timeline.exposed_upload_s
+
+
+def upload_seed(run_seed: int, client: int, ordinal: int) -> int:
+    """The seed of a virtual client's upload codecs (stochastic rounding, random-k): from
+    the run's seed, the client and which of its jobs this is, so that a simulation is
+    reproducible. (A networked client seeds with the task id, which is made from the
+    coordinator's wall clock so that ids stay unique across restarts.)"""
+    state = np.random.SeedSequence([run_seed, client, ordinal, 0xC0DEC]).generate_state(2)
+    return int(state[0]) << 32 | int(state[1])
 
 
 def _offline(who: ClientIdentity) -> Outcome:

@@ -91,6 +91,8 @@ class Job:
     run_id: int
     round: int
     task_id: int
+    #: Seeds the upload's codecs; ``None``: the task id, as a networked client does.
+    upload_seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,7 @@ class ClientWorker:
                 job.upload,
                 run_id=job.run_id,
                 round_number=job.round,
-                seed=job.task_id,
+                seed=job.task_id if job.upload_seed is None else job.upload_seed,
             )
             return {name: _uploaded(item) for name, item in encoded.items()}, payload_bytes
         tensors = {name: _uploaded(item) for name, item in delta.items()}

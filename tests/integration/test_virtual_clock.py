@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from geofl.server.config import ConfigError, RunConfig
+from geofl.server.simulation.fleet import upload_seed
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import VirtualRun, run_virtual_simulation
 from geofl.storage.models import Participation, Round
@@ -167,6 +168,37 @@ def test_compressed_uploads_are_smaller_and_take_less_time(tmp_path: Path) -> No
         assert participation.bytes_up < plain_fits[name].bytes_up
         assert participation.bytes_up_raw == plain_fits[name].bytes_up_raw
         assert (participation.duration_s or 0) < (plain_fits[name].duration_s or 0)
+
+
+def test_stochastic_upload_codecs_give_the_same_run_twice(tmp_path: Path) -> None:
+    """Stochastic rounding is seeded by the run's seed, the client and its job count, not
+    by the task id (made from the coordinator's wall clock): a simulation repeats exactly."""
+    model = "geofl_testapp:make_medium_model"
+    int4 = {"up": [{"qsgd": {"bits": 4}}], "error_feedback": True}
+    ramp = {"app": "geofl_testapp:ramp_app"}
+    runs = [
+        _virtual(
+            tmp_path / name,
+            simulation=ramp,
+            run={"name": "itest", "rounds": 2, "seed": seed},
+            model=model,
+            compression=int4,
+        )
+        for name, seed in (("first", 1), ("again", 1), ("other-seed", 2))
+    ]
+    for config in runs:
+        run_virtual_simulation(config)
+    first, again, other = (final_weights(config) for config in runs)
+    for name in first:
+        np.testing.assert_array_equal(first[name], again[name], err_msg=name)
+    assert any(not np.array_equal(first[n], other[n]) for n in first)  # the seed matters
+
+
+def test_upload_seeds_differ_by_client_and_job() -> None:
+    seeds = {upload_seed(1, client, job) for client in range(50) for job in range(1, 50)}
+    assert len(seeds) == 50 * 49
+    assert all(0 <= seed < 2**64 for seed in seeds)
+    assert upload_seed(1, 3, 7) == upload_seed(1, 3, 7) != upload_seed(2, 3, 7)
 
 
 def test_secure_aggregation_runs_on_the_virtual_clock(tmp_path: Path) -> None:

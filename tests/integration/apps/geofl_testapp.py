@@ -215,3 +215,20 @@ class TowardClient(Client):
 
 def toward_app(context: ClientContext) -> Client:
     return TowardClient(1.0 + float(context.node_config.get("partition-id", 0)))
+
+
+class RampClient(ShiftClient):
+    """Adds ``(1 + partition-id) x`` a ramp over each float tensor's elements, so a
+    stochastic codec's rounding differs from element to element (a constant shift
+    quantizes exactly)."""
+
+    def fit(self, parameters: Weights, config: Config) -> tuple[WeightsView, int, Metrics]:
+        out = {
+            k: v + self.shift * np.linspace(0.0, 1.0, v.size, dtype=v.dtype).reshape(v.shape)
+            for k, v in parameters.items()
+        }
+        return out, 100, {"train_loss": self.shift}
+
+
+def ramp_app(context: ClientContext) -> Client:
+    return RampClient(1.0 + float(context.node_config.get("partition-id", 0)))
