@@ -64,7 +64,7 @@ def test_square_distances_are_pairwise(block: np.ndarray) -> None:
     kernels.accumulate_square_distances(block[:, :half], into)  # summed over two blocks
     kernels.accumulate_square_distances(block[:, half:], into)
     expected = ((block[:, None, :] - block[None, :, :]) ** 2).sum(axis=2)
-    scale = float((block - np.median(block, axis=0)).max(initial=0.0) ** 2) * block.shape[1]
+    scale = float(np.abs(block - np.median(block, axis=0)).max(initial=0.0) ** 2) * block.shape[1]
     np.testing.assert_allclose(into, expected, rtol=1e-9, atol=1e-9 * max(scale, 1.0))
 
 
