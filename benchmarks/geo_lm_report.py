@@ -142,13 +142,22 @@ def _fmt(value: float | None, pattern: str) -> str:
     return "not reached" if value is None else pattern.format(value)
 
 
+def _step_text(report: Mapping[str, Any]) -> str:
+    """One site's step time: measured, or derived from a given ``--tokens-per-s``."""
+    speed = report["step_time"]
+    if "step_s" in speed:
+        return f"step {speed['step_s']:.3f} s"
+    step_s = report["spec"]["batch"] * 128 / float(speed["tokens_per_s"])
+    return f"step {step_s:.3f} s (from the given {speed['tokens_per_s']:.0f} tokens/s)"
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The table for ``benchmarks/README.md``."""
     summary = report["summary"]
     labels = report["labels"]
     lines = [
         f"target: {summary['target_bpb']:.3f} bits per byte; initial model "
-        f"{report['initial_bpb']:.3f}; step {report['step_time'].get('step_s', 0):.3f} s",
+        f"{report['initial_bpb']:.3f}; {_step_text(report)}",
         "",
         "| method | link | final bpb | gap vs sync | WAN MB | sync's bytes / these "
         "| simulated s | utilisation (mean / min) | time to target | speed-up "

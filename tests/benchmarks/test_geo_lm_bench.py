@@ -96,6 +96,18 @@ def test_summary_ratios_against_sync_dp() -> None:
     assert row["utilisation"] == {"mean": pytest.approx(0.375), "min": pytest.approx(0.25)}
     report["summary"] = summary
     assert "DiLoCo" in render_markdown(report)
+    assert "step 0.100 s" in render_markdown(report)
+
+
+def test_header_derives_the_step_from_a_given_token_rate() -> None:
+    report: dict[str, Any] = {
+        "initial_bpb": 8.0,
+        "spec": asdict(SPEC),
+        "step_time": {"tokens_per_s": SPEC.batch * 128 / 0.25, "given": True},
+        "summary": {"target_bpb": 3.0, "rows": {}, "failed": []},
+        "labels": {},
+    }
+    assert "step 0.250 s (from the given 4096 tokens/s)" in render_markdown(report)
 
 
 def test_sync_dp_evaluates_every_h_steps() -> None:
