@@ -442,7 +442,7 @@ class Coordinator:
         durable = listen and stages_uploads(config)
         partial = self.store.discard_partial_writes() + self.uploads.discard_partial_writes()
         if partial:
-            log.info("deleted %d half-written file(s) a killed server left behind", partial)
+            log.info("deleted %d file(s) a killed server left half-written or unrecorded", partial)
         self._resumed: list[ResumedUpdate] = self._staged_before_restart() if durable else []
         upload_budget = MemoryBudget(config.server.upload_buffer_bytes)
         #: Metrics endpoint and experiment trackers (each only if configured).
@@ -735,6 +735,8 @@ class Coordinator:
             reaper.cancel()
         await self.writer.drain()  # every round's rows are written before the run's end
         status, error = final_status(self._committed_rounds(), self.stop_switch.reason, error)
+        if not status.resumable:  # nothing staged will be folded: not after the last
+            await asyncio.to_thread(self.uploads.close)  # version, nor by a restart
         self._record_end(status, error)
         self.instruments.close(status.value)
         await self._shutdown_clients()

@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ __all__ = ["STATE_PREFIX", "CheckpointRecord", "CheckpointStore"]
 STATE_PREFIX = "__state__/"
 _ORDER_KEY = "geofl.order"
 _FORMAT_KEY = "geofl.format"
+_RUN_KEY = "geofl.run_id"
 _FORMAT = "1"
 _SUFFIX = ".safetensors"
 #: Prefix of a file being written: ``.tmp-<pid>-<random>.safetensors``.
@@ -115,7 +117,7 @@ class CheckpointStore:
         metadata = {
             _FORMAT_KEY: _FORMAT,
             _ORDER_KEY: json.dumps(list(tensors)),
-            "geofl.run_id": str(run_id),
+            _RUN_KEY: str(run_id),
             "geofl.round": str(round),
         }
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -148,6 +150,25 @@ class CheckpointStore:
                 continue
             path.unlink(missing_ok=True)
             removed += 1
+        return removed
+
+    def discard_run_files(self, run_id: int, keep: Collection[str] = ()) -> int:
+        """Delete run ``run_id``'s files (by their metadata) but those named in ``keep``.
+
+        For a folder whose files are only needed while their rows exist (staged updates):
+        a file written for a row that was never recorded names its run all the same. Other
+        runs' files, temporaries and files whose metadata cannot be read are left alone.
+        Returns how many files went.
+        """
+        if not self.directory.is_dir():
+            return 0
+        removed = 0
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            if path.name.startswith(_TEMPORARY) or path.name in keep:
+                continue
+            if _run_of(path) == str(run_id):
+                path.unlink(missing_ok=True)
+                removed += 1
         return removed
 
     def load(self, record: CheckpointRecord) -> tuple[Weights, Weights]:
@@ -234,6 +255,16 @@ def _read(path: Path) -> tuple[Weights, Weights]:
         else:
             weights[name] = loaded[name]
     return weights, extra
+
+
+def _run_of(path: Path) -> str | None:
+    """The run a file's metadata names, or None if its header cannot be read."""
+    try:
+        with safe_open(path, framework="np") as handle:
+            metadata = handle.metadata() or {}
+    except (SafetensorError, OSError):
+        return None
+    return metadata.get(_RUN_KEY)
 
 
 def _digest(path: Path) -> tuple[str, int]:

@@ -12,7 +12,9 @@ A coordinator restarted in the middle of round N reads :meth:`DurableUploads.res
 N: each staged update whose file still has its recorded digest is folded again, and its
 node is not asked to train again. When a round commits or fails its staged rows and files
 go (:meth:`DurableUploads.clear`), and on start every round but the one being resumed is
-cleared, so nothing staged is ever folded into two rounds.
+cleared, so nothing staged is ever folded into two rounds. A run that ends for good drops
+what it still has staged (:meth:`DurableUploads.close`), and a starting coordinator the
+files a killed one wrote but never recorded (:meth:`DurableUploads.discard_partial_writes`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from sqlalchemy.orm import Session
@@ -77,32 +81,43 @@ class DurableUploads:
         self._files = CheckpointStore(checkpoints / STAGED_DIRECTORY)
         self._run_id = run_id
         self._clock = clock
+        #: Set by :meth:`close`; read on the staging threads too.
+        self._closed = threading.Event()
 
     def discard_partial_writes(self) -> int:
-        """Delete staged files a killed coordinator left half-written (see
-        :meth:`geofl.storage.CheckpointStore.discard_partial_writes`)."""
-        return self._files.discard_partial_writes()
+        """Delete the staged files a killed coordinator left: half-written ones (see
+        :meth:`geofl.storage.CheckpointStore.discard_partial_writes`), and this run's files
+        that no row names (killed after the file was in place, before its row was).
+
+        Call it before any upload is staged: a file being staged has no row yet.
+        """
+        recorded = self._db.transact(
+            lambda session: {r.file.path for r in queries.staged_updates(session, self._run_id)}
+        )
+        return self._files.discard_partial_writes() + self._files.discard_run_files(
+            self._run_id, keep=recorded
+        )
 
     async def stage(self, task: TaskRecord, outcome: Outcome) -> None:
         """Write ``task``'s accepted update to disk and record it; return once both are durable.
 
         The update is decoded here (a compressed one once: the decoded tensors stay cached
         for the fold). Raises :class:`geofl.protocols.codecs.CodecError` for an update that
-        does not decode, which the caller refuses like any bad upload.
+        does not decode, which the caller refuses like any bad upload. Once the run has
+        ended (:meth:`close`) nothing is staged: no round will fold it.
         """
         payload = outcome.payload
         if not isinstance(payload, DeltaUpdate):
             raise TypeError("only a plain fit's DELTA update is staged")
         tensors = dict(payload.tensors)
-        file = await asyncio.to_thread(self._files.save, self._run_id, task.round, tensors)
         started = task.started_at or task.issued_at
-        record = StagedUpdateRecord(
+        describe = partial(
+            StagedUpdateRecord,
             run_id=self._run_id,
             round=task.round,
             node_id=task.node_id,
             task_id=task.task_id,
             model_version=task.model_version,
-            file=file,
             num_examples=outcome.num_examples,
             loss=outcome.loss,
             metrics=dict(outcome.metrics),
@@ -114,10 +129,37 @@ class DurableUploads:
             started_at=dt.datetime.fromtimestamp(started, dt.UTC) if started else None,
             created_at=self._clock.now(),
         )
-        await asyncio.to_thread(self._record, record)
+        await asyncio.to_thread(self._save_and_record, task, tensors, describe)
 
-    def _record(self, record: StagedUpdateRecord) -> None:
+    def _save_and_record(
+        self,
+        task: TaskRecord,
+        tensors: Weights,
+        describe: partial[StagedUpdateRecord],
+    ) -> None:
+        """The file, then its row (``describe`` given the file), on one thread: an upload
+        cancelled meanwhile (its client gone, the server stopping) cannot leave a file
+        without its row."""
+        if self._closed.is_set():
+            return
+        file = self._files.save(self._run_id, task.round, tensors)
+        record = describe(file=file)
         self._db.transact(lambda session: queries.stage_update(session, record))
+        # The run ended while this was written: close() may have swept before the row was in.
+        if self._closed.is_set():
+            self.clear_tasks([task.task_id])
+
+    def close(self) -> None:
+        """The run ended for good (completed, failed, cancelled): drop everything staged.
+
+        No round will fold its staged updates any more: an update that arrived after the
+        last version, one a restart left over, one whose row was never recorded. Every row
+        and file of the run goes, and later uploads are not staged (one being written
+        now removes itself once its row is in).
+        """
+        self._closed.set()
+        self.clear()
+        self._files.discard_run_files(self._run_id)
 
     def resumed(self, number: int, version: int) -> list[ResumedUpdate]:
         """Round ``number``'s staged updates trained on ``version``; every other round cleared.
