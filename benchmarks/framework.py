@@ -119,6 +119,7 @@ def build_report(
             "rounds": args.rounds,
             "repeats": args.repeats,
             "max_rss_gb": args.max_rss_gb,
+            "wire_proxy": not getattr(args, "direct", False),
             "geofl_overrides": getattr(args, "geofl_set", []),
         },
         "cases": cases,
@@ -178,6 +179,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/framework.json"))
     parser.add_argument("--no-loopback", action="store_true", help="skip the loopback bound")
     parser.add_argument("--keep-workdirs", action="store_true", help="keep logs of good runs")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="clients dial the server directly, without the byte-counting proxy (its copies "
+        "share the cores; the loopback bound has none): no proxy MB, the systems' own counts",
+    )
     add_geofl_set_option(parser)
     parser.add_argument(
         "--max-rss-gb",
@@ -228,7 +235,9 @@ def main(argv: list[str] | None = None) -> None:
                 console.print(f"[bold]{name}[/bold] {params:,} params, repeat {repeat + 1}")
                 limit = int(args.max_rss_gb * 1e9)
                 system = GeoflSystem(args.geofl_set) if name == "geofl" else SYSTEMS[name]()
-                record = run_case(system, workload, args.keep_workdirs, limit)
+                record = run_case(
+                    system, workload, args.keep_workdirs, limit, wire_proxy=not args.direct
+                )
                 record["repeat"] = repeat
                 cases.append(record)
                 _write(build_report(cases, bounds, args), args.out)

@@ -180,6 +180,7 @@ def run_case(
     keep_workdir: bool = False,
     max_rss_bytes: int | None = None,
     proxy_interval_s: float = 0.1,
+    wire_proxy: bool | None = None,
 ) -> dict[str, Any]:
     """Deploy ``system`` for ``workload``, measure it, always clean up; return its record.
 
@@ -188,20 +189,19 @@ def run_case(
     as its processes together pass that much resident memory (a failed case). A system
     without ``wire_proxy`` gets no proxy: its clients reach the server directly and
     ``client_port`` equals ``server_port``. ``proxy_interval_s`` is the proxy's sampling
-    period: bytes are attributed to rounds at that resolution.
+    period: bytes are attributed to rounds at that resolution. ``wire_proxy=False`` runs
+    a system that normally has the proxy without it: the proxy's own copies then do not
+    share the cores with the system, and wire bytes are left to the system's own counts.
     """
+    proxied = system.wire_proxy if wire_proxy is None else wire_proxy and system.wire_proxy
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{system.name}-{workload.params}-"))
     monitor = ProcessMonitor(0.25, max_rss_bytes)
     server_port = free_port()
-    client_port = free_port() if system.wire_proxy else server_port
+    client_port = free_port() if proxied else server_port
     ctx = RunContext(workdir, server_port, client_port, monitor)
     load_before = os.getloadavg()
     started = time.monotonic()
-    proxy = (
-        _start_proxy(workdir, client_port, server_port, proxy_interval_s)
-        if system.wire_proxy
-        else None
-    )
+    proxy = _start_proxy(workdir, client_port, server_port, proxy_interval_s) if proxied else None
     ctx.monitor.start()
     record: dict[str, Any]
     try:
@@ -220,6 +220,7 @@ def run_case(
         ctx.stop_all()
         if proxy is not None:
             _stop_proxy(proxy)
+    record["wire_proxy"] = proxied
     record["peak_rss_total_mb"] = monitor.peak_total_rss / _MB
     record["wall_s"] = time.monotonic() - started
     record["load_before"] = list(load_before)
