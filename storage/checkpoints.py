@@ -7,6 +7,12 @@ path, digest and size; loading verifies both, so a truncated or bit-flipped file
 reported instead of silently resuming from garbage. Files are written atomically
 (temporary file, fsync, rename), so a crash never leaves a half-written checkpoint
 under its final name. No pickle is involved anywhere.
+
+Short-lived files written on the hot path (staged updates: every accepted fit update,
+before its ack) are checked by CRC-32 instead (``checksum="crc32"``): zlib-ng's CRC costs
+about 0.6 ms per 40 MB where SHA-256 costs 30-36 ms, and a CRC catches what the check is
+for, a torn or corrupted file. Such a file is not content-addressed (two different files
+may share a CRC): it gets a unique name.
 """
 
 from __future__ import annotations
@@ -16,13 +22,14 @@ import json
 import os
 import uuid
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import safetensors.numpy
 from safetensors import SafetensorError, safe_open
+from zlib_ng import zlib_ng
 
 from geofl.protocols.types import Weights, WeightsView
 from geofl.storage.errors import CheckpointCorruptError
@@ -30,7 +37,10 @@ from geofl.storage.errors import CheckpointCorruptError
 if TYPE_CHECKING:
     from geofl.storage.models import Checkpoint
 
-__all__ = ["STATE_PREFIX", "CheckpointRecord", "CheckpointStore"]
+__all__ = ["STATE_PREFIX", "CheckpointRecord", "CheckpointStore", "Checksum"]
+
+#: How a file's integrity is recorded: its SHA-256 (content-addressed name) or CRC-32.
+Checksum = Literal["sha256", "crc32"]
 
 #: Name prefix of extra (non-model) tensors inside a checkpoint file.
 STATE_PREFIX = "__state__/"
@@ -70,17 +80,20 @@ class CheckpointRecord:
     path:
         File name relative to the store's directory.
     sha256:
-        Hex SHA-256 of the whole file.
+        Hex SHA-256 of the whole file; None for a file checked by ``crc32`` instead.
     size_bytes:
         File size in bytes.
     num_tensors:
         Model tensors plus extra-state tensors in the file.
+    crc32:
+        CRC-32 of the whole file, for a file saved with ``checksum="crc32"``.
     """
 
     path: str
-    sha256: str
+    sha256: str | None
     size_bytes: int
     num_tensors: int
+    crc32: int | None = None
 
     @classmethod
     def from_row(cls, row: Checkpoint) -> CheckpointRecord:
@@ -101,12 +114,19 @@ class CheckpointStore:
         self.directory = Path(directory)
 
     def save(
-        self, run_id: int, round: int, weights: WeightsView, extra: WeightsView | None = None
+        self,
+        run_id: int,
+        round: int,
+        weights: WeightsView,
+        extra: WeightsView | None = None,
+        *,
+        checksum: Checksum = "sha256",
     ) -> CheckpointRecord:
         """Write ``weights`` (and ``extra`` state) to one file and return its record.
 
         ``run_id`` and ``round`` are kept in the file's metadata so an orphaned file
-        can still be traced. Arrays are not modified.
+        can still be traced. Arrays are not modified. ``checksum="crc32"``: the record
+        holds the file's CRC-32 and the file a unique name (see the module docstring).
 
         Raises
         ------
@@ -125,13 +145,17 @@ class CheckpointStore:
         try:
             safetensors.numpy.save_file(tensors, temporary, metadata=metadata)
             _fsync_file(temporary)
-            digest, size = _digest(temporary)
-            final = self.directory / f"{digest}{_SUFFIX}"
-            os.replace(temporary, final)
+            if checksum == "crc32":
+                crc, size = _crc32(temporary)
+                record = CheckpointRecord(f"{uuid.uuid4().hex}{_SUFFIX}", None, size, 0, crc)
+            else:
+                digest, size = _digest(temporary)
+                record = CheckpointRecord(f"{digest}{_SUFFIX}", digest, size, 0)
+            os.replace(temporary, self.directory / record.path)
         finally:
             temporary.unlink(missing_ok=True)
         _fsync_directory(self.directory)
-        return CheckpointRecord(final.name, digest, size, len(tensors))
+        return replace(record, num_tensors=len(tensors))
 
     def discard_partial_writes(self) -> int:
         """Delete the half-written files of processes that are gone; how many there were.
@@ -172,7 +196,7 @@ class CheckpointStore:
         return removed
 
     def load(self, record: CheckpointRecord) -> tuple[Weights, Weights]:
-        """Read a checkpoint after verifying its size and SHA-256.
+        """Read a checkpoint after verifying its size and SHA-256 (or CRC-32).
 
         Returns
         -------
@@ -188,14 +212,7 @@ class CheckpointStore:
         path = self.path_of(record)
         if not path.is_file():
             raise CheckpointCorruptError(str(path), "file is missing")
-        digest, size = _digest(path)
-        if size != record.size_bytes:
-            reason = f"size is {size} bytes, recorded {record.size_bytes}"
-            raise CheckpointCorruptError(str(path), reason)
-        if digest != record.sha256:
-            raise CheckpointCorruptError(
-                str(path), f"SHA-256 is {digest}, recorded {record.sha256}"
-            )
+        _verify(path, record)
         try:
             return _read(path)
         except (SafetensorError, ValueError, KeyError) as exc:
@@ -265,6 +282,34 @@ def _run_of(path: Path) -> str | None:
     except (SafetensorError, OSError):
         return None
     return metadata.get(_RUN_KEY)
+
+
+def _verify(path: Path, record: CheckpointRecord) -> None:
+    """Raise :class:`CheckpointCorruptError` unless ``path`` has the record's size and digest."""
+    if record.sha256 is None and record.crc32 is None:
+        raise CheckpointCorruptError(str(path), "the record holds neither SHA-256 nor CRC-32")
+    if record.sha256 is not None:
+        digest, size = _digest(path)
+        found, recorded, name = digest, record.sha256, "SHA-256"
+    else:
+        crc, size = _crc32(path)
+        found, recorded, name = f"{crc:08x}", f"{record.crc32:08x}", "CRC-32"
+    if size != record.size_bytes:
+        raise CheckpointCorruptError(
+            str(path), f"size is {size} bytes, recorded {record.size_bytes}"
+        )
+    if found != recorded:
+        raise CheckpointCorruptError(str(path), f"{name} is {found}, recorded {recorded}")
+
+
+def _crc32(path: Path) -> tuple[int, int]:
+    crc = 0
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            crc = zlib_ng.crc32(chunk, crc)
+            size += len(chunk)
+    return int(crc), size
 
 
 def _digest(path: Path) -> tuple[str, int]:

@@ -366,9 +366,10 @@ class StagedUpdate(Base):
     """A fit update the server accepted and acknowledged, not yet folded into a commit.
 
     Written before the client hears ``accepted``: the update's tensors are a safetensors
-    file (``path``, ``sha256``, ``size_bytes``, as a checkpoint record) and these columns
+    file (``path``, ``crc32``, ``size_bytes``, as a checkpoint record; rows written before
+    revision 0009 have a ``sha256`` instead) and these columns
     are what its participation row will say. A coordinator restarted in the middle of
-    round ``round`` folds these again (after re-checking the digest) instead of asking
+    round ``round`` folds these again (after re-checking the checksum) instead of asking
     their nodes to train again. Rows go when their round commits or fails (FedBuff:
     when the version their update went into does). One row per task (revision 0008).
     """
@@ -383,7 +384,8 @@ class StagedUpdate(Base):
     task_id: Mapped[int] = mapped_column(BigInteger)
     model_version: Mapped[int] = mapped_column(Integer)
     path: Mapped[str] = mapped_column(String(500))
-    sha256: Mapped[str] = mapped_column(String(64))
+    sha256: Mapped[str | None] = mapped_column(String(64))
+    crc32: Mapped[int | None] = mapped_column(BigInteger)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     num_tensors: Mapped[int] = mapped_column(Integer)
     num_examples: Mapped[int] = mapped_column(Integer)

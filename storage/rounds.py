@@ -275,6 +275,8 @@ def _participation_totals(session: Session, round_id: int) -> tuple[int, int, in
 
 
 def _add_checkpoint(session: Session, row: Round, record: CheckpointRecord, when: datetime) -> int:
+    if record.sha256 is None:  # a model checkpoint is content-addressed
+        raise ValueError(f"checkpoint {record.path} has no SHA-256 (saved with a CRC-32?)")
     saved = Checkpoint(
         run_id=row.run_id,
         round=row.number,

@@ -1,7 +1,7 @@
 """Staged updates: the fit results a round accepted, recorded before they are acknowledged.
 
 The coordinator writes one row per accepted fit update (and the update's tensors to a
-content-addressed file beside the checkpoints) *before* it answers the client's upload,
+CRC-checked file beside the checkpoints) *before* it answers the client's upload,
 so an acknowledged update survives the coordinator being killed. A restarted coordinator
 reads :func:`staged_updates` of the round it resumes, folds them again, and asks only the
 other nodes to train. :func:`clear_staged` drops a round's rows once it has committed or
@@ -65,7 +65,7 @@ class StagedUpdateRecord:
             node_id=row.node_id,
             task_id=row.task_id,
             model_version=row.model_version,
-            file=CheckpointRecord(row.path, row.sha256, row.size_bytes, row.num_tensors),
+            file=CheckpointRecord(row.path, row.sha256, row.size_bytes, row.num_tensors, row.crc32),
             num_examples=row.num_examples,
             loss=row.loss,
             metrics=dict(row.metrics),
@@ -101,6 +101,7 @@ def stage_update(session: Session, record: StagedUpdateRecord) -> StagedUpdate:
         "model_version": record.model_version,
         "path": record.file.path,
         "sha256": record.file.sha256,
+        "crc32": record.file.crc32,
         "size_bytes": record.file.size_bytes,
         "num_tensors": record.file.num_tensors,
         "num_examples": record.num_examples,

@@ -4,12 +4,13 @@ The spool (:mod:`geofl.server.models.spool`) holds an upload while it streams in
 checked; that is memory or an unnamed file, gone with the process. For a round to survive
 a SIGKILL, every update the server *acknowledges* must outlive it, so the servicer hands
 each accepted fit to :meth:`DurableUploads.stage` before it answers the client: the
-decoded update is written to a content-addressed safetensors file (fsynced, renamed into
-place, as a checkpoint is) under ``<checkpoints>/staged`` and recorded with its SHA-256 in
-``staged_updates``, beside the figures its participation will carry.
+decoded update is written to a safetensors file (fsynced, renamed into place, as a
+checkpoint is) under ``<checkpoints>/staged`` and recorded with its CRC-32 in
+``staged_updates``, beside the figures its participation will carry. A CRC, not SHA-256:
+this runs for every update before its ack, and SHA-256 was most of its CPU.
 
 A coordinator restarted in the middle of round N reads :meth:`DurableUploads.resumed` for
-N: each staged update whose file still has its recorded digest is folded again, and its
+N: each staged update whose file still has its recorded checksum is folded again, and its
 node is not asked to train again. When a round commits or fails its staged rows and files
 go (:meth:`DurableUploads.clear`), and on start every round but the one being resumed is
 cleared, so nothing staged is ever folded into two rounds. A run that ends for good drops
@@ -53,7 +54,7 @@ __all__ = ["STAGED_DIRECTORY", "DurableUploads", "ResumedUpdate", "load_resumed"
 
 @dataclass(frozen=True)
 class ResumedUpdate:
-    """A staged update of the round being resumed; ``load`` re-checks its digest first."""
+    """A staged update of the round being resumed; ``load`` re-checks its checksum first."""
 
     record: StagedUpdateRecord
     load: Callable[[], Weights]
@@ -142,7 +143,7 @@ class DurableUploads:
         without its row."""
         if self._closed.is_set():
             return
-        file = self._files.save(self._run_id, task.round, tensors)
+        file = self._files.save(self._run_id, task.round, tensors, checksum="crc32")
         record = describe(file=file)
         self._db.transact(lambda session: queries.stage_update(session, record))
         # The run ended while this was written: close() may have swept before the row was in.
@@ -223,15 +224,16 @@ class DurableUploads:
     def _delete_unused_files(
         self, gone: list[StagedUpdateRecord], kept: list[StagedUpdateRecord]
     ) -> None:
-        """Delete the files of ``gone`` that no row in ``kept`` still names (content-addressed)."""
-        still_used = {r.file.sha256 for r in kept}
+        """Delete the files of ``gone`` that no row in ``kept`` still names (a SHA-256 file
+        written before revision 0009 is content-addressed: two rows may share it)."""
+        still_used = {r.file.path for r in kept}
         for record in gone:
-            if record.file.sha256 not in still_used:
+            if record.file.path not in still_used:
                 self._files.delete(record.file)
 
     def _loader(self, record: StagedUpdateRecord) -> Callable[[], Weights]:
         def load() -> Weights:
-            weights, _ = self._files.load(record.file)  # verifies size and SHA-256
+            weights, _ = self._files.load(record.file)  # verifies size and CRC-32
             return weights
 
         return load
@@ -248,9 +250,9 @@ class DurableUploads:
             )
 
         kept, gone = self._db.transact(clear)
-        still_used = {r.file.sha256 for r in kept}
+        still_used = {r.file.path for r in kept}
         for file in gone:
-            if file.sha256 not in still_used:
+            if file.path not in still_used:
                 self._files.delete(file)
 
     def clear_round(self, number: int) -> None:
@@ -259,11 +261,11 @@ class DurableUploads:
         def clear(session: Session) -> tuple[list[StagedUpdateRecord], set[str]]:
             records = queries.staged_updates(session, self._run_id, number)
             queries.clear_staged_round(session, self._run_id, number)
-            return records, {r.file.sha256 for r in queries.staged_updates(session, self._run_id)}
+            return records, {r.file.path for r in queries.staged_updates(session, self._run_id)}
 
         records, remaining = self._db.transact(clear)
         for record in records:
-            if record.file.sha256 not in remaining:
+            if record.file.path not in remaining:
                 self._files.delete(record.file)
 
 
@@ -309,7 +311,7 @@ def resumed_task(
 async def load_resumed(update: ResumedUpdate) -> tuple[TaskRecord, Outcome]:
     """The task and outcome a staged update stands for, its tensors loaded for the fold.
 
-    The file's digest is checked first; an unusable file makes the outcome a rejected
+    The file's checksum is checked first; an unusable file makes the outcome a rejected
     participation with its reason (the engines fold only ``ok`` outcomes).
     """
     task, outcome = resumed_task(update, asyncio.get_running_loop())

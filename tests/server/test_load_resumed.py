@@ -7,6 +7,7 @@ Both round engines (synchronous and FedBuff) fold staged updates through
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import pytest
 from geofl.server.models.staging import DurableUploads, ResumedUpdate, load_resumed
 from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import TaskRecord
-from geofl.storage import open_database, queries
+from geofl.storage import CheckpointStore, open_database, queries
 
 UPDATE = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.float32([0.5])}
 
@@ -76,4 +77,25 @@ def test_a_damaged_staged_file_is_a_rejection_with_its_reason(tmp_path: Path, da
     assert outcome.status == "rejected"
     assert outcome.payload is None
     assert outcome.reason is not None and outcome.reason.startswith("staged update unusable")
-    assert ("missing" if damage == "delete" else "SHA-256") in outcome.reason
+    assert ("missing" if damage == "delete" else "CRC-32") in outcome.reason
+
+
+def test_a_row_staged_before_revision_0009_is_verified_by_its_sha256(tmp_path: Path) -> None:
+    """A coordinator upgraded mid-round finds rows with a SHA-256 and no CRC-32."""
+
+    async def scenario() -> tuple[TaskRecord, Outcome]:
+        resumed = await _staged_and_resumed(tmp_path)
+        staged = tmp_path / "checkpoints" / "staged"
+        old = CheckpointStore(staged).save(resumed.record.run_id, 2, UPDATE)  # SHA-256
+        assert old.sha256 is not None and old.crc32 is None
+        db = open_database(f"sqlite:///{tmp_path / 'geofl.db'}")
+        with db.session() as session:
+            queries.stage_update(session, replace(resumed.record, file=old))
+        uploads = DurableUploads(db, tmp_path / "checkpoints", resumed.record.run_id)
+        [again] = uploads.resumed(2, version=1)
+        assert again.record.file == old
+        return await load_resumed(again)
+
+    _, outcome = asyncio.run(scenario())
+    assert outcome.status == "ok" and isinstance(outcome.payload, DeltaUpdate)
+    np.testing.assert_array_equal(dict(outcome.payload.tensors)["w"], UPDATE["w"])

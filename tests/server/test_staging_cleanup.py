@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -107,9 +108,9 @@ def test_an_update_written_while_the_run_ends_removes_itself(
     save = CheckpointStore.save
 
     def save_then_end(
-        store: CheckpointStore, run_id: int, round: int, weights: WeightsView
+        store: CheckpointStore, run_id: int, round: int, weights: WeightsView, **kw: Any
     ) -> CheckpointRecord:
-        record = save(store, run_id, round, weights)
+        record = save(store, run_id, round, weights, **kw)
         uploads.close()
         return record
 

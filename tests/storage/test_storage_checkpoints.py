@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -91,6 +92,42 @@ def test_tampered_byte_is_detected(tmp_path: Path, offset: int) -> None:
     with pytest.raises(CheckpointCorruptError, match="SHA-256") as caught:
         store.load(record)
     assert record.path in str(caught.value)
+
+
+def test_crc_checked_files_round_trip_under_unique_names(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    weights = _weights()
+    first = store.save(1, 1, weights, checksum="crc32")
+    second = store.save(1, 1, weights, checksum="crc32")
+    assert first.sha256 is None and second.sha256 is None
+    for record in (first, second):
+        assert record.crc32 == zlib.crc32(store.path_of(record).read_bytes())
+    assert first.path != second.path  # a CRC may collide: never content-addressed
+    _assert_same(store.load(second)[0], weights)
+    store.delete(second)
+    _assert_same(store.load(first)[0], weights)
+
+
+@pytest.mark.parametrize("offset", [0, 9, -1])
+def test_tampered_byte_is_detected_by_the_crc(tmp_path: Path, offset: int) -> None:
+    store = CheckpointStore(tmp_path)
+    record = store.save(1, 1, _weights(), checksum="crc32")
+    path = store.path_of(record)
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointCorruptError, match=r"CRC-32 is [0-9a-f]{8}, recorded"):
+        store.load(record)
+    path.write_bytes(path.read_bytes()[:-10])
+    with pytest.raises(CheckpointCorruptError, match="size"):
+        store.load(record)
+
+
+def test_a_record_without_any_digest_is_refused(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    record = store.save(1, 1, _weights(), checksum="crc32")
+    with pytest.raises(CheckpointCorruptError, match="neither SHA-256 nor CRC-32"):
+        store.load(CheckpointRecord(record.path, None, record.size_bytes, record.num_tensors))
 
 
 def test_truncated_and_missing_files(tmp_path: Path) -> None:
