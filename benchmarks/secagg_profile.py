@@ -124,7 +124,7 @@ def profile_round(n: int, d: int, variant: str, dropped: int = 0) -> dict[str, A
         with t.step("client weighted_flat(delta)"):
             vector = weighted_flat(delta, 1.0)
         with t.step("client mask() total"):
-            masked = client.mask(vector, overwrite=True)
+            masked = client.mask(vector)
         with t.step("server add_masked()"):
             server.add_masked(u, masked)
     with t.step("server close_masking()"):

@@ -198,16 +198,13 @@ class SecAggClient:
         self._partners = frozenset(inbox)
         self._require_holders(len(inbox) + 1, SecAggStage.SHARE, "sharing")
 
-    def mask(self, vector: npt.NDArray[np.floating[Any]], *, overwrite: bool = False) -> RingArray:
-        """``vector`` quantized into the ring, with the self mask and pairwise masks added.
-
-        ``overwrite``: the caller gives ``vector`` up, so quantization works in place.
-        """
+    def mask(self, vector: npt.NDArray[np.floating[Any]]) -> RingArray:
+        """``vector`` quantized into the ring, with the self mask and pairwise masks added."""
         if self._next_step >= len(_STEPS) or _STEPS[self._next_step] != "mask":
             self._enter("mask")  # raises: out of order, before any work
         if not isinstance(vector, np.ndarray) or vector.ndim != 1:
             raise SecAggError(f"node {self.node_id}: mask() needs a 1-D NumPy float vector")
-        encoded = self.params.quantizer().encode(vector, self._rng, overwrite=overwrite)
+        encoded = self.params.quantizer().encode(vector, self._rng)
         return self.mask_encoded(encoded)
 
     def mask_encoded(self, encoded: RingArray) -> RingArray:

@@ -153,7 +153,7 @@ class SecureRounds:
         weight = min(num_examples, setup.max_examples) / setup.max_examples
         projection = projection_of(setup)
         if projection is None:
-            return client.mask(weighted_flat(delta, weight), overwrite=True)
+            return client.mask(weighted_flat(delta, weight))
         return client.mask(weighted_vector(self._project(projection, delta), weight))
 
     def _project(

@@ -62,17 +62,11 @@ def check_ring_vector(vector: object, ring_bits: int, what: str) -> RingArray:
     return vector
 
 
-#: Uniform draws are made this many at a time (the same stream as one call for all).
-_UNIFORM_BLOCK = 1 << 16
-
-
-def _add_uniform(flat: FloatArray, rng: np.random.Generator) -> None:
-    """``flat += rng.random(flat.size)``, through one small buffer instead of a full one."""
-    scratch = np.empty(min(_UNIFORM_BLOCK, flat.size), dtype=np.float64)
-    for start in range(0, flat.size, _UNIFORM_BLOCK):
-        block = scratch[: min(_UNIFORM_BLOCK, flat.size - start)]
-        rng.random(out=block)
-        flat[start : start + block.size] += block
+#: Coordinates quantized per pass (and uniform draws per call: the same stream as one call
+#: for all). Each step of :meth:`RingQuantizer.encode` then works on a block that stays in
+#: the CPU's cache instead of streaming a model-sized float64 array through memory eight
+#: times.
+_BLOCK = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -124,37 +118,36 @@ class RingQuantizer:
         """Largest per-coordinate error of :meth:`decode_sum` over ``count`` clients."""
         return count * self.step
 
-    def encode(
-        self,
-        x: npt.NDArray[np.floating[Any]],
-        rng: np.random.Generator,
-        *,
-        overwrite: bool = False,
-    ) -> RingArray:
+    def encode(self, x: npt.NDArray[np.floating[Any]], rng: np.random.Generator) -> RingArray:
         """Clip, scale and stochastically round ``x`` to ring levels (same shape).
 
-        ``overwrite``: ``x`` is scratch the caller gives up (a C-contiguous float64
-        array is then worked on in place instead of copied first).
+        ``x`` is left as it is. The work goes block by block through two cache-sized float64
+        buffers, in the same order of operations (and so to the same bits) as on one
+        float64 copy of ``x``.
         """
         if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
             raise SecAggError("quantization needs a floating-point NumPy array")
         if not np.isfinite(x).all():
             raise SecAggError("the vector holds NaN or Inf values; refusing to quantize it")
-        # In place on one float64 array: this runs on every client for every parameter.
-        reusable = x.dtype == np.float64 and x.flags.c_contiguous and x.flags.writeable
-        levels: FloatArray = (
-            x.astype(np.float64, copy=False)  # a no-op: x is float64 here
-            if overwrite and reusable
-            else np.array(x, dtype=np.float64)
-        )
-        np.minimum(levels, self.clip, out=levels)
-        np.maximum(levels, -self.clip, out=levels)
-        levels += self.clip
-        levels *= 1.0 / self.step
-        _add_uniform(levels.reshape(-1), rng)
-        np.floor(levels, out=levels)
-        np.minimum(levels, self.levels - 1, out=levels)
-        return levels.astype(self.dtype)
+        source = x.reshape(-1)  # a copy only if x is not contiguous
+        out = np.empty(source.size, dtype=self.dtype)
+        levels = np.empty(min(_BLOCK, source.size), dtype=np.float64)
+        draws = np.empty_like(levels)
+        scale, top = 1.0 / self.step, self.levels - 1
+        for start in range(0, source.size, _BLOCK):
+            stop = min(start + _BLOCK, source.size)
+            block, uniform = levels[: stop - start], draws[: stop - start]
+            block[...] = source[start:stop]  # to float64 first: clip is a float64 bound
+            np.minimum(block, self.clip, out=block)
+            np.maximum(block, -self.clip, out=block)
+            block += self.clip
+            block *= scale
+            rng.random(out=uniform)
+            block += uniform
+            np.floor(block, out=block)
+            np.minimum(block, top, out=block)
+            out[start:stop] = block
+        return out.reshape(x.shape)
 
     def decode_sum(self, total: RingArray, count: int) -> FloatArray:
         """The float64 sum of ``count`` clients' clipped vectors from their ring sum."""

@@ -61,17 +61,22 @@ def test_quantizing_in_blocks_and_in_place_draws_the_same_stream(size: int) -> N
     expected = _reference_encode(q, x, seed=11)
     kept = x.copy()
     np.testing.assert_array_equal(q.encode(x, np.random.default_rng(11)), expected)
-    np.testing.assert_array_equal(x, kept)  # without overwrite the input is untouched
-    np.testing.assert_array_equal(q.encode(x, np.random.default_rng(11), overwrite=True), expected)
+    np.testing.assert_array_equal(x, kept)  # the input is untouched
 
 
-def test_overwrite_copies_what_it_cannot_work_on_in_place() -> None:
-    q = RingQuantizer(clip=1.0, ring_bits=16, cohort=3)
-    x32 = np.linspace(-1, 1, 1001, dtype=np.float32)
+@pytest.mark.parametrize("clip", [1.0, 0.1])  # 0.1 is not a float32: clipping is in float64
+def test_float32_and_strided_inputs_quantize_as_their_float64_copy(clip: float) -> None:
+    q = RingQuantizer(clip=clip, ring_bits=16, cohort=3)
+    x32 = np.linspace(-1, 1, 140_007, dtype=np.float32).reshape(7, -1)
     kept = x32.copy()
-    out = q.encode(x32, np.random.default_rng(0), overwrite=True)
+    out = q.encode(x32, np.random.default_rng(0))
     np.testing.assert_array_equal(x32, kept)
+    assert out.shape == x32.shape and out.dtype == np.uint16
     np.testing.assert_array_equal(out, _reference_encode(q, x32, seed=0))
+    strided = x32[:, ::2]
+    np.testing.assert_array_equal(
+        q.encode(strided, np.random.default_rng(5)), _reference_encode(q, strided, seed=5)
+    )
 
 
 @pytest.mark.parametrize("bits", [12, 16, 32])
