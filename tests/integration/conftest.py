@@ -27,6 +27,10 @@ from geofl.storage import CheckpointRecord, CheckpointStore, open_database, quer
 from geofl.storage.models import Node, Participation, Round, Run
 
 APPS = Path(__file__).parent / "apps"
+#: How far a stored duration may be from its exact value: it is the difference of two
+#: timestamps the database keeps to the microsecond, each rounded by up to half of one
+#: (and a hair more for the float arithmetic). Two stored durations: twice this.
+STORED_DURATION_ABS = 1.01e-6
 
 
 @pytest.fixture(autouse=True)

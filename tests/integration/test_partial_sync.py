@@ -26,7 +26,7 @@ from geofl.server.simulation.links import LinkModel
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage import open_database, queries
 from geofl.storage.models import Node, Participation, Round
-from tests.integration.conftest import final_weights, run_config
+from tests.integration.conftest import STORED_DURATION_ABS, final_weights, run_config
 
 LOCAL_STEPS = 4
 # tail_segments(4, 2, tail_steps=2): two segments of two steps each.
@@ -131,7 +131,7 @@ def test_group_uploads_overlap_the_remaining_segments(tmp_path: Path) -> None:
             sender_free = max(sender_free, trained) + 8 * nbytes / link.up_bps
         exposed_upload_s = sender_free + link.rtt_s / 2 - compute_s
         expected = download_s + compute_s + exposed_upload_s
-        assert participation.duration_s == pytest.approx(expected, abs=1e-6)  # stored in µs
+        assert participation.duration_s == pytest.approx(expected, abs=STORED_DURATION_ABS)
         assert participation.compute_s == pytest.approx(compute_s, abs=1e-6)
         whole_model_after_compute = (
             download_s + compute_s + link.upload_s(participation.bytes_up or 0)

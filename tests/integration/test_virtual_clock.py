@@ -20,7 +20,13 @@ from geofl.server.simulation.fleet import upload_seed
 from geofl.server.simulation.traces import load_trace
 from geofl.server.simulation.virtual import VirtualRun, run_virtual_simulation
 from geofl.storage.models import Participation, Round
-from tests.integration.conftest import final_weights, link_model, run_config, run_rows
+from tests.integration.conftest import (
+    STORED_DURATION_ABS,
+    final_weights,
+    link_model,
+    run_config,
+    run_rows,
+)
 
 REGIONS = {
     "near": {"share": 0.5, "rtt_ms": 20, "up_mbps": 8, "down_mbps": 40},
@@ -66,16 +72,17 @@ def test_durations_follow_the_link_model_exactly(tmp_path: Path) -> None:
             + 100 / SPEED
             + link.upload_s(participation.bytes_up)
         )
-        assert participation.duration_s == pytest.approx(expected, abs=1e-6)
+        assert participation.duration_s == pytest.approx(expected, abs=STORED_DURATION_ABS)
         assert participation.compute_s == pytest.approx(100 / SPEED)
     # The round lasts as long as its slowest client (plus zero server time).
     for number in (1, 2):
         slowest = max(p.duration_s or 0 for p, _ in fits if _round_of(p, rounds) == number)
         round_row = rounds[number - 1]
-        assert round_row.duration_s == pytest.approx(slowest, abs=1e-6)
+        assert round_row.duration_s == pytest.approx(slowest, abs=2 * STORED_DURATION_ABS)
     # Round 2's downloads are differences against round 1's model: both sizes recorded.
     assert all(p.bytes_down > 0 for p, _ in fits)
-    assert outcome.simulated_s == pytest.approx(sum(r.duration_s or 0 for r in rounds), abs=1e-6)
+    stored = sum(r.duration_s or 0 for r in rounds)
+    assert outcome.simulated_s == pytest.approx(stored, abs=len(rounds) * STORED_DURATION_ABS)
 
 
 def _round_of(participation: Participation, rounds: list[Round]) -> int:

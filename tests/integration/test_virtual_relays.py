@@ -29,7 +29,7 @@ from geofl.server.simulation.relays import regional_cohorts
 from geofl.server.simulation.virtual import run_virtual_simulation
 from geofl.storage import CheckpointRecord, CheckpointStore, open_database
 from geofl.storage.models import Checkpoint, Node, Participation
-from tests.integration.conftest import link_model, run_config, run_rows
+from tests.integration.conftest import STORED_DURATION_ABS, link_model, run_config, run_rows
 
 # Two near clients and six far ones (of 8): example weighting and plain averaging of the
 # two regional models give different global models.
@@ -213,7 +213,7 @@ def test_a_relays_fit_lasts_wan_down_regional_round_wan_up(tmp_path: Path) -> No
         ]
         assert len(set(per_client)) == len(per_client)  # the slowest one matters
         expected = wan_down + max(per_client) + wan_up
-        assert participation.duration_s == pytest.approx(expected, abs=1e-6)
+        assert participation.duration_s == pytest.approx(expected, abs=STORED_DURATION_ABS)
 
 
 def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: Path) -> None:
@@ -248,9 +248,10 @@ def test_a_deadline_without_time_for_regional_rounds_fails_each_relay(tmp_path: 
         assert reason.startswith(f"region {node.region}: ")
         assert reason.endswith("no time for regional rounds")
         assert participation.num_examples == 0 and participation.bytes_up == 0
-        assert participation.duration_s == pytest.approx(download_s, abs=1e-6)
+        assert participation.duration_s == pytest.approx(download_s, abs=STORED_DURATION_ABS)
     # A round ends when its last relay has given up: no hang, no wait for the deadline.
-    assert [r.duration_s for r in rounds] == pytest.approx([download_s] * 2, abs=1e-6)
+    durations = [r.duration_s for r in rounds]
+    assert durations == pytest.approx([download_s] * 2, abs=STORED_DURATION_ABS)
 
 
 # ---------------------------------------------------------------- cohorts
