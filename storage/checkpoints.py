@@ -21,8 +21,8 @@ import hashlib
 import json
 import os
 import uuid
-from collections.abc import Collection
-from dataclasses import dataclass, replace
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -145,17 +145,18 @@ class CheckpointStore:
         try:
             safetensors.numpy.save_file(tensors, temporary, metadata=metadata)
             _fsync_file(temporary)
+            count = len(tensors)
             if checksum == "crc32":
                 crc, size = _crc32(temporary)
-                record = CheckpointRecord(f"{uuid.uuid4().hex}{_SUFFIX}", None, size, 0, crc)
+                record = CheckpointRecord(f"{uuid.uuid4().hex}{_SUFFIX}", None, size, count, crc)
             else:
                 digest, size = _digest(temporary)
-                record = CheckpointRecord(f"{digest}{_SUFFIX}", digest, size, 0)
+                record = CheckpointRecord(f"{digest}{_SUFFIX}", digest, size, count)
             os.replace(temporary, self.directory / record.path)
         finally:
             temporary.unlink(missing_ok=True)
         _fsync_directory(self.directory)
-        return replace(record, num_tensors=len(tensors))
+        return record
 
     def discard_partial_writes(self) -> int:
         """Delete the half-written files of processes that are gone; how many there were.
@@ -302,23 +303,26 @@ def _verify(path: Path, record: CheckpointRecord) -> None:
         raise CheckpointCorruptError(str(path), f"{name} is {found}, recorded {recorded}")
 
 
-def _crc32(path: Path) -> tuple[int, int]:
-    crc = 0
-    size = 0
+def _chunks(path: Path) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(_CHUNK):
-            crc = zlib_ng.crc32(chunk, crc)
-            size += len(chunk)
+            yield chunk
+
+
+def _crc32(path: Path) -> tuple[int, int]:
+    crc = size = 0
+    for chunk in _chunks(path):
+        crc = zlib_ng.crc32(chunk, crc)
+        size += len(chunk)
     return int(crc), size
 
 
 def _digest(path: Path) -> tuple[str, int]:
     sha = hashlib.sha256()
     size = 0
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            sha.update(chunk)
-            size += len(chunk)
+    for chunk in _chunks(path):
+        sha.update(chunk)
+        size += len(chunk)
     return sha.hexdigest(), size
 
 

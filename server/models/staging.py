@@ -37,7 +37,6 @@ from geofl.server.nodes.outcomes import DeltaUpdate, Outcome
 from geofl.server.nodes.registry import TaskRecord
 from geofl.storage import (
     CheckpointCorruptError,
-    CheckpointRecord,
     CheckpointStore,
     Database,
     queries,
@@ -241,32 +240,25 @@ class DurableUploads:
     def clear(self, *, keep_round: int | None = None) -> None:
         """Delete staged rows and files of every round but ``keep_round`` (None: all)."""
 
-        def clear(session: Session) -> tuple[list[StagedUpdateRecord], list[CheckpointRecord]]:
+        def clear(session: Session) -> tuple[list[StagedUpdateRecord], list[StagedUpdateRecord]]:
             everything = queries.staged_updates(session, self._run_id)
             queries.clear_staged(session, self._run_id, keep_round=keep_round)
             return (
+                [r for r in everything if r.round != keep_round],
                 [r for r in everything if r.round == keep_round],
-                [r.file for r in everything if r.round != keep_round],
             )
 
-        kept, gone = self._db.transact(clear)
-        still_used = {r.file.path for r in kept}
-        for file in gone:
-            if file.path not in still_used:
-                self._files.delete(file)
+        self._delete_unused_files(*self._db.transact(clear))
 
     def clear_round(self, number: int) -> None:
         """Round ``number`` committed or failed: its staged updates are no longer needed."""
 
-        def clear(session: Session) -> tuple[list[StagedUpdateRecord], set[str]]:
-            records = queries.staged_updates(session, self._run_id, number)
+        def clear(session: Session) -> tuple[list[StagedUpdateRecord], list[StagedUpdateRecord]]:
+            gone = queries.staged_updates(session, self._run_id, number)
             queries.clear_staged_round(session, self._run_id, number)
-            return records, {r.file.path for r in queries.staged_updates(session, self._run_id)}
+            return gone, queries.staged_updates(session, self._run_id)
 
-        records, remaining = self._db.transact(clear)
-        for record in records:
-            if record.file.path not in remaining:
-                self._files.delete(record.file)
+        self._delete_unused_files(*self._db.transact(clear))
 
 
 def resumed_task(
